@@ -1,0 +1,3 @@
+from omnialign.cli import main
+
+main()

@@ -1,0 +1,76 @@
+"""The `omnialign` command.
+
+omnialign train                              # the default recipe (glyphs), on a laptop CPU
+omnialign train --list                       # the recipes, one line each
+omnialign train glyphs trainer.total_steps=40 rollout.n=8 --show
+omnialign train glyphs --resume auto         # continue from the newest checkpoint
+omnialign prepare glyphs                     # retrain the shipped glyphs base model and OCR
+"""
+
+import argparse
+import sys
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from omnialign.config import ConfigError, apply_overrides, describe, validate
+    from omnialign.recipes import DEFAULT, RECIPES
+
+    if args.list:
+        width = max(map(len, RECIPES))
+        for name, fn in RECIPES.items():
+            print(f"{name:<{width}}  {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return
+    rest = list(args.args)
+    recipe = rest.pop(0) if rest and "=" not in rest[0] else DEFAULT
+    if recipe not in RECIPES:
+        raise SystemExit(f"unknown recipe {recipe!r}; `omnialign train --list` shows: {', '.join(RECIPES)}")
+    try:
+        config = validate(apply_overrides(RECIPES[recipe](), rest))
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
+    if args.show:
+        print(describe(config))
+        return
+    from omnialign.train import main
+
+    main(config, resume=args.resume)
+
+
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from omnialign.trainer.pretrain_glyphs import PretrainConfig, prepare_glyphs
+
+    config = PretrainConfig()
+    for key in ("out", "seed", "recognizer_steps", "generator_steps", "target_reward"):
+        if getattr(args, key) is not None:
+            setattr(config, key, getattr(args, key))
+    prepare_glyphs(config)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omnialign", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a recipe", formatter_class=argparse.RawTextHelpFormatter,
+                       description="omnialign train [RECIPE] [key=value ...]")  # fmt: skip
+    t.add_argument("args", nargs="*", help="recipe name (default glyphs), then dotted key=value overrides")
+    t.add_argument("--list", action="store_true", help="list the recipes and exit")
+    t.add_argument("--show", action="store_true", help="print the resolved config with each field's doc and exit")
+    t.add_argument("--resume", metavar="auto|CHECKPOINT", help="continue from the newest checkpoint or a given one")
+    t.set_defaults(fn=cmd_train)
+    pr = sub.add_parser("prepare", help="build data or pretrained assets")
+    pr.add_argument("what", choices=["glyphs"], help="glyphs: pretrain the glyphs base generator and recognizer")
+    pr.add_argument("--out", help="output folder (default: the package's shipped assets)")
+    pr.add_argument("--seed", type=int)
+    pr.add_argument("--recognizer-steps", type=int)
+    pr.add_argument("--generator-steps", type=int)
+    pr.add_argument("--target-reward", type=float)
+    pr.set_defaults(fn=cmd_prepare)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,295 @@
+"""Every configuration of a run, as typed dataclasses: the one source of truth.
+
+A recipe (`omnialign/recipes/`) is a function returning a full `Config`; the command line
+edits it with dotted `key=value` overrides (`trainer.total_steps=40 rollout.n=8`).
+`apply_overrides` and `validate` fail before any model loads, naming the key, the value and
+the fix. Each field's docstring is its documentation (`omnialign train RECIPE --show`).
+"""
+
+import ast
+import dataclasses
+import inspect
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "glyphs"
+    """Adapter, by architecture: one of `omnialign.models.LOADERS`."""
+    path: str | None = None
+    """Local directory of the pretrained model; None takes the architecture's default (glyphs ships its own)."""
+    dtype: str = "float32"
+    """Compute dtype of the trained network: float32 or bfloat16."""
+    shift: float = 1.0
+    """Static shift of the sigma schedule (SD3: 3; 1 is no shift)."""
+
+
+@dataclass
+class DataConfig:
+    prompts: str = "digits"
+    """Training prompts: a glyphs prompt set name (digits, pairs)."""
+    prompts_per_step: int = 8
+    """Distinct prompts per step; each is sampled rollout.n times (one group)."""
+    val_prompts: str = "digits"
+    """Validation prompts (every prompt of the set is used)."""
+    val_seeds: int = 8
+    """Validation images per prompt, each from a fixed seed."""
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 8
+    """Samples per prompt: the group size of group-relative advantages."""
+    steps: int = 10
+    """Denoising steps of a rollout."""
+    val_steps: int = 10
+    """Denoising steps of validation (ODE sampling)."""
+    height: int = 32
+    """Image height in pixels."""
+    width: int = 32
+    """Image width in pixels."""
+    guidance: float = 1.0
+    """Classifier-free guidance scale; 1 disables CFG (no unconditional forward)."""
+    cfg_rescale: bool = False
+    """Rescale the guided velocity to the conditional one's norm (Qwen-Image true CFG)."""
+    negative_prompt: str = ""
+    """Prompt of the unconditional branch of CFG."""
+    kind: str = "sde"
+    """Transition inside the SDE window: sde (Flow-GRPO), cps, dance (DanceGRPO)."""
+    eta: float = 1.0
+    """Noise level of the SDE window steps."""
+    window_size: int = 4
+    """W: SDE steps per sample; only these are stored and trained."""
+    window_start: int = 0
+    """Lowest step index where a window may start."""
+    window_end: int | None = None
+    """Window steps lie below this step index; None means rollout.steps."""
+    micro_batch_size: int = 64
+    """Samples denoised in one batched forward."""
+
+
+@dataclass
+class RewardConfig:
+    weights: dict[str, float] = field(default_factory=lambda: {"glyph_ocr": 1.0})
+    """Reward functions by name (see `omnialign.rewards.REWARDS`) and their weights in the sum."""
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "flowgrpo"
+    """Objective: flowgrpo."""
+    clip_range: float = 1e-4
+    """PPO ratio clip epsilon (log-probs are means over dims, so it is small)."""
+    adv_clip: float = 5.0
+    """Advantages are clipped to [-adv_clip, adv_clip]."""
+    kl_coef: float = 0.0
+    """Weight of the KL between policy and reference transition means; 0 skips the reference forward."""
+    global_std: bool = True
+    """Normalise advantages by the whole batch's reward std (True) or each group's (False)."""
+    norm_by_std: bool = True
+    """Divide advantages by the std at all (False gives Dr.GRPO's A = r - mean)."""
+    old_log_probs: str = "rollout"
+    """Old policy log-probs: 'rollout' reuses the rollout's own, 'recompute' replays before updating."""
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup, in optimizer steps."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    micro_batch_size: int = 16
+    """Samples per training forward/backward."""
+    mini_batch_size: int | None = None
+    """Samples per optimizer step (gradient accumulation); None means the whole rollout batch."""
+    epochs: int = 1
+    """Passes over each rollout batch."""
+    shuffle: bool = True
+    """Shuffle samples before each pass (seeded by step)."""
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 100
+    """Training steps (rollout + reward + update each)."""
+    val_every: int = 10
+    """Validate every this many steps, and always before training and at the end."""
+    save_every: int = 50
+    """Save a checkpoint every this many steps, and at the end."""
+    keep_last: int = 2
+    """Checkpoints kept in the run folder."""
+    output_dir: str = "runs"
+    """Runs are written to {output_dir}/{name}/."""
+    progress: bool = True
+    """Show a progress bar per phase."""
+
+
+@dataclass
+class Config:
+    name: str = "glyphs"
+    """Run name: outputs go to {trainer.output_dir}/{name}/."""
+    recipe: str = "glyphs"
+    """The recipe this config came from (informational)."""
+    seed: int = 0
+    """Seed of prompts, noise and windows; a step's draws depend only on (seed, step)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def flat_fields(cls: type = Config, prefix: str = "") -> dict[str, typing.Any]:
+    """Every leaf field as {dotted key: type}."""
+    out = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            out.update(flat_fields(tp, f"{prefix}{name}."))
+        else:
+            out[prefix + name] = tp
+    return out
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass, by field name."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    return {
+        a.target.id: b.value.value
+        for a, b in zip(body, body[1:])
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+    }
+
+
+def _type_name(tp: typing.Any) -> str:
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
+def _parse(key: str, text: str, tp: typing.Any) -> typing.Any:
+    """Convert the text of an override to the field's type, or raise ConfigError naming both."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("none", "null") and type(None) in args:
+            return None
+        (tp,) = [a for a in args if a is not type(None)]
+        return _parse(key, text, tp)
+    try:
+        if tp is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        if tp in (int, float, str):
+            return tp(text)
+        if origin in (list, tuple, dict):
+            value = json.loads(text) if text[:1] in "[{" else text.split(",")
+            if origin is dict:
+                return {str(k): args[1](v) for k, v in value.items()}
+            items = [_parse(key, str(v), args[0]) for v in value]
+            if origin is tuple and len(items) != len(args):
+                raise ValueError
+            return origin(items)
+    except (ValueError, TypeError, AttributeError, json.JSONDecodeError):
+        pass
+    raise ConfigError(f"{key}={text!r}: expected {_type_name(tp)}")
+
+
+def apply_overrides(config: Config, overrides: list[str]) -> Config:
+    """Apply `key.sub=value` strings in order; unknown keys and wrong types raise ConfigError."""
+    fields = flat_fields()
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} is not of the form key=value (for example trainer.total_steps=40)")
+        if key not in fields:
+            valid = "\n  ".join(f"{k}: {_type_name(t)}" for k, t in fields.items())
+            raise ConfigError(f"unknown config key {key!r}. Valid keys:\n  {valid}")
+        *parents, leaf = key.split(".")
+        target = config
+        for p in parents:
+            target = getattr(target, p)
+        setattr(target, leaf, _parse(key, text, fields[key]))
+    return config
+
+
+def validate(config: Config) -> Config:
+    """Cross-field checks that would otherwise fail deep inside a run; raises ConfigError."""
+    r, a, d = config.rollout, config.actor, config.data
+    window_end = r.steps if r.window_end is None else r.window_end
+    checks = [
+        (r.n >= 2, f"rollout.n={r.n}: group-relative advantages need at least 2 samples per prompt"),
+        (0 <= r.window_start < window_end <= r.steps,
+         f"rollout.window_start={r.window_start}, window_end={r.window_end}: "
+         f"need 0 <= start < end <= rollout.steps={r.steps}"),
+        (0 < r.window_size <= window_end - r.window_start,
+         f"rollout.window_size={r.window_size} does not fit in [{r.window_start}, {window_end}); lower it"),
+        (r.kind in ("sde", "cps", "dance"), f"rollout.kind={r.kind!r}: choose sde, cps or dance"),
+        (config.algorithm.name == "flowgrpo", f"algorithm.name={config.algorithm.name!r}: choose flowgrpo"),
+        (config.algorithm.old_log_probs in ("rollout", "recompute"),
+         f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose rollout or recompute"),
+        (config.model.dtype in ("float32", "bfloat16"),
+         f"model.dtype={config.model.dtype!r}: choose float32 or bfloat16"),
+        ((d.prompts_per_step * r.n) % a.micro_batch_size == 0,
+         f"actor.micro_batch_size={a.micro_batch_size} must divide the rollout batch "
+         f"data.prompts_per_step*rollout.n={d.prompts_per_step * r.n}"),
+        (a.mini_batch_size is None or (a.mini_batch_size % a.micro_batch_size == 0
+                                       and (d.prompts_per_step * r.n) % a.mini_batch_size == 0),
+         f"actor.mini_batch_size={a.mini_batch_size} must be a multiple of actor.micro_batch_size="
+         f"{a.micro_batch_size} and divide the rollout batch {d.prompts_per_step * r.n}"),
+        (config.trainer.val_every > 0 and config.trainer.save_every > 0,
+         "trainer.val_every and trainer.save_every must be positive"),
+    ]  # fmt: skip
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return config
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def from_dict(data: dict, cls: type = Config) -> typing.Any:
+    """Rebuild a config from `to_dict` output (as read back from config.json)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            value = from_dict(value, tp)
+        elif typing.get_origin(tp) is tuple:
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def describe(config: Config) -> str:
+    """Every key with its value and docstring, one per line."""
+    lines = []
+
+    def walk(obj: typing.Any, prefix: str) -> None:
+        docs = field_docs(type(obj))
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                lines.append(f"{prefix}{f.name} = {value!r}    # {docs.get(f.name, '')}")
+
+    walk(config, "")
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""Checkpoints with torch.distributed.checkpoint: atomic, keep-last-k, resumable.
+
+A checkpoint is `{run}/checkpoints/step_XXXXXX/`: the DCP shards of the trained parameters and
+the optimizer state, plus `trainer_rank{r}.pt` (scheduler, RNG states, step, data position).
+It is written to a hidden `.tmp` folder and renamed when complete, so a crash mid-save leaves
+the previous checkpoint intact; older checkpoints are pruned only after the rename.
+"""
+
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from omnialign.engine.dist import World, barrier, rng_state, set_rng_state
+
+_NAME = re.compile(r"^step_(\d{6,})$")
+_OPTIONS = StateDictOptions(ignore_frozen_params=True)
+# a single process without a process group is the intended world-size-1 path, not a mistake
+warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = [p for p in root.glob("step_*") if _NAME.match(p.name) and (p / ".metadata").exists()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    trainer_state: dict,
+    keep_last: int,
+    world: World,
+) -> Path:
+    """Save atomically and prune to the newest `keep_last`; every rank calls this."""
+    root = Path(run_dir) / "checkpoints"
+    final, tmp = root / f"step_{step:06d}", root / f".step_{step:06d}.tmp"
+    if world.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+    extra = {"scheduler": scheduler.state_dict(), "rng": rng_state(), "world_size": world.size, **trainer_state}
+    torch.save(extra, tmp / f"trainer_rank{world.rank}.pt")
+    barrier()
+    if world.is_main:
+        if final.exists():  # the same step saved again (after a resume): replace it
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in checkpoints(run_dir)[:-keep_last]:
+            shutil.rmtree(old)
+    barrier()
+    return final
+
+
+def load(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    world: World,
+) -> dict:
+    """Restore model, optimizer, scheduler and RNG states (any world size); returns the trainer state."""
+    path = Path(path)
+    if not (path / ".metadata").exists():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no .metadata); pick one of {path.parent}/step_*")
+    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
+    own = path / f"trainer_rank{world.rank}.pt"
+    extra = torch.load(own if own.exists() else path / "trainer_rank0.pt", weights_only=False)
+    scheduler.load_state_dict(extra.pop("scheduler"))
+    set_rng_state(extra.pop("rng"))
+    return extra

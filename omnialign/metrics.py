@@ -1,0 +1,158 @@
+"""Metrics sinks (console, JSONL, TensorBoard), phase timing, sample grids and reward curves.
+
+Metric values arrive as tensors and are brought to the host together, once per step.
+"""
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+
+class Timer:
+    """Wall time of named phases; `sync` (e.g. a device synchronize) runs before each reading."""
+
+    def __init__(self, sync: Callable[[], None] = lambda: None):
+        self.sync = sync
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.sync()
+        start = time.perf_counter()
+        yield
+        self.sync()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        out, self.seconds = {f"timing/{k}": v for k, v in self.seconds.items()}, {}
+        return out
+
+
+def to_host(metrics: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Scalars of a dict of 0-d tensors and floats, with one device-to-host copy."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
+    if keys:
+        values = torch.stack([metrics[k].detach().float().reshape(()).cpu() for k in keys]).tolist()
+        out.update(zip(keys, values))
+    return out
+
+
+SUMMARY = [
+    ("reward/mean", "reward {:.3f}"),
+    ("reward/std", "±{:.3f}"),
+    ("reward/zero_std_ratio", "zero-std {:.2f}"),
+    ("actor/clip_frac", "clip {:.3f}"),
+    ("actor/approx_kl", "approx-kl {:.2e}"),
+    ("actor/kl", "ref-kl {:.2e}"),
+    ("actor/grad_norm", "grad {:.3f}"),
+    ("rollout/diversity", "div {:.3f}"),
+    ("val/reward/mean", "| val {:.3f}"),
+    ("val/diversity", "val-div {:.3f}"),
+]
+
+
+def summary_line(step: int, total: int, m: dict[str, float]) -> str:
+    parts = [f"step {step}/{total}"] + [fmt.format(m[k]) for k, fmt in SUMMARY if k in m]
+    times = [f"{k.removeprefix('timing/')} {v:.1f}s" for k, v in m.items() if k.startswith("timing/")]
+    return " ".join(parts) + (" | " + " ".join(times) if times else "")
+
+
+class MetricsLog:
+    """Appends one JSON object per step to metrics.jsonl, mirrors scalars to TensorBoard, prints a line."""
+
+    def __init__(self, run_dir: Path, total_steps: int, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.total_steps = total_steps
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float], echo: Callable[[str], None] = print) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.writer is not None:
+            for k, v in metrics.items():
+                self.writer.add_scalar(k, v, step)
+            self.writer.flush()
+        echo(summary_line(step, self.total_steps, metrics))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after `step` (a resumed run redoes them)."""
+        if self.path.exists():
+            keep = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step]
+            self.path.write_text("".join(line + "\n" for line in keep))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def save_grid(images: torch.Tensor, captions: list[str], ncols: int, path: Path, scale: int = 2) -> None:
+    """A PNG grid of images (N, C, H, W) in [0, 1], each with its caption underneath."""
+    images = (images.detach().float().clamp(0, 1) * 255).round().byte().cpu()
+    n, c, h, w = images.shape
+    h, w = h * scale, w * scale
+    font = ImageFont.load_default(size=10)
+    cap = 12
+    nrows = (n + ncols - 1) // ncols
+    grid = Image.new("RGB", (ncols * (w + 4), nrows * (h + cap + 4)), "white")
+    draw = ImageDraw.Draw(grid)
+    for i, (image, caption) in enumerate(zip(images, captions)):
+        mode = "L" if c == 1 else "RGB"
+        pil = Image.fromarray(image.permute(1, 2, 0).squeeze(-1).numpy(), mode).resize((w, h), Image.NEAREST)
+        x, y = (i % ncols) * (w + 4) + 2, (i // ncols) * (h + cap + 4) + 2
+        grid.paste(pil, (x, y))
+        draw.text((x, y + h), caption, fill="black", font=font)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+
+
+def plot_curves(records: list[dict], path: Path) -> None:
+    """reward_curve.png: train and validation reward (left axis) and diversity (right) over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, style in [("reward/mean", "-"), ("val/reward/mean", "o-")]:
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            ax.plot(*zip(*points), style, label=key, markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    div = [(r["step"], r["val/diversity"]) for r in records if "val/diversity" in r]
+    if div:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*div), "s--", color="gray", label="val/diversity", markersize=3)
+        ax2.set_ylabel("per-prompt diversity")
+        ax2.legend(loc="lower right")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def diversity(images: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Mean over groups of the mean pairwise RMS distance between the images of one group (0-d)."""
+    flat = images.flatten(1).float()
+    out = []
+    for g in torch.unique(group):
+        members = flat[group == g]
+        if len(members) > 1:
+            d = torch.cdist(members, members) / flat.shape[1] ** 0.5
+            out.append(d.sum() / (len(members) * (len(members) - 1)))
+    return torch.stack(out).mean() if out else flat.new_zeros(())

@@ -1,0 +1,153 @@
+"""The online RL loop (FlowGRPO): each step is a flat list of named, timed phases."""
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from omnialign import rewards
+from omnialign.algorithms.advantages import group_relative
+from omnialign.config import Config
+from omnialign.data.prompts import load_prompts, prompts_for_step
+from omnialign.engine import checkpoint
+from omnialign.engine.dist import World
+from omnialign.metrics import MetricsLog, Timer, diversity, plot_curves, read_metrics, save_grid, to_host
+from omnialign.models.base import DiffusionPolicy
+from omnialign.rollout.diffusion import generate, generate_ode, sample_seeds
+from omnialign.trainer import actor
+
+VAL_SEED = 2**40  # validation seeds are fixed across runs and recipes
+
+
+class OnlineTrainer:
+    def __init__(
+        self,
+        config: Config,
+        policy: DiffusionPolicy,
+        params: list[torch.nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        objective: actor.Objective,
+        world: World,
+        run_dir: Path,
+        sync=lambda: None,
+    ):
+        self.config, self.policy, self.params = config, policy, params
+        self.optimizer, self.scheduler, self.objective = optimizer, scheduler, objective
+        self.world, self.run_dir = world, Path(run_dir)
+        self.prompts = load_prompts(config.data.prompts)
+        self.val_prompts = load_prompts(config.data.val_prompts)
+        self.timer = Timer(sync)
+        self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
+        self.progress = config.trainer.progress and world.is_main
+
+    def train_step(self, step: int) -> dict[str, torch.Tensor]:
+        c, device, phase = self.config, self.world.device, self.timer.phase
+        with phase("rollout"):
+            index = prompts_for_step(self.prompts, c.data.prompts_per_step, c.seed, step)
+            prompts = [self.prompts[i] for i in index for _ in range(c.rollout.n)]
+            group = torch.arange(len(index)).repeat_interleave(c.rollout.n)
+            traj, images = generate(self.policy, prompts, group, sample_seeds(c.seed, step, len(prompts)),
+                                    c.rollout, device, self.progress)  # fmt: skip
+        with phase("reward"):
+            reward, parts = self.score(images, prompts)
+        with phase("advantage"):
+            advantages, adv_metrics = group_relative(reward, group, c.algorithm.global_std, c.algorithm.norm_by_std)
+            traj.rewards, traj.advantages = reward.to(device), advantages.to(device)
+        metrics = {}
+        if c.algorithm.old_log_probs == "recompute":
+            with phase("old_log_probs"):
+                score = lambda batch, k: actor.replay(self.policy, batch, k, c.rollout).log_prob  # noqa: E731
+                traj.old_log_probs = actor.infer(score, traj, c.actor.micro_batch_size)
+                metrics["actor/rollout_logprob_gap"] = (traj.old_log_probs - traj.log_probs).abs().mean()
+        with phase("update"):
+            update = actor.update(self.objective, traj, self.params, self.optimizer, self.scheduler, c.actor,
+                                  seed=c.seed * 1_000_003 + step, progress=self.progress)  # fmt: skip
+        metrics.update({f"actor/{k}": v for k, v in update.items()})
+        metrics.update({f"reward/{k}": v.mean() for k, v in parts.items() if len(parts) > 1})
+        metrics.update({
+            "reward/mean": reward.mean(), "reward/std": reward.std(),
+            "reward/zero_std_ratio": adv_metrics["zero_std_ratio"], "reward/group_std": adv_metrics["group_std"],
+            "rollout/diversity": diversity(images, group.to(images.device)),
+            "actor/lr": torch.tensor(self.scheduler.get_last_lr()[0]),
+        })  # fmt: skip
+        return metrics
+
+    def score(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Rewards in chunks of the rollout micro-batch, with a progress bar."""
+        chunk = self.config.rollout.micro_batch_size
+        totals, parts = [], []
+        for lo in tqdm(range(0, len(prompts), chunk), desc="reward", leave=False, disable=not self.progress):
+            total, part = rewards.score(images[lo : lo + chunk], prompts[lo : lo + chunk],
+                                        [{} for _ in prompts[lo : lo + chunk]], self.config.reward.weights)  # fmt: skip
+            totals.append(total)
+            parts.append(part)
+        return torch.cat(totals), {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    @torch.no_grad()
+    def validate(self, step: int) -> dict[str, torch.Tensor]:
+        """ODE samples of every validation prompt x `data.val_seeds` fixed seeds; writes the grid."""
+        c = self.config
+        n = c.data.val_seeds
+        prompts = [p for p in self.val_prompts for _ in range(n)]
+        images = generate_ode(self.policy, prompts, torch.arange(len(prompts)) + VAL_SEED, c.rollout,
+                              self.world.device)  # fmt: skip
+        reward, _ = self.score(images, prompts)
+        group = torch.arange(len(self.val_prompts)).repeat_interleave(n)
+        if self.world.is_main:
+            captions = [f"{p} {r:.2f}" for p, r in zip(prompts, reward.tolist())]
+            save_grid(images, captions, n, self.run_dir / "samples" / f"step_{step:06d}.png")
+        return {"val/reward/mean": reward.mean(), "val/reward/std": reward.std(),
+                "val/diversity": diversity(images, group.to(images.device))}  # fmt: skip
+
+    def save(self, step: int) -> None:
+        checkpoint.save(self.run_dir, step, self.policy.transformer, self.optimizer, self.scheduler,
+                        {"step": step}, self.config.trainer.keep_last, self.world)  # fmt: skip
+
+    def fit(self, resume: Path | None = None) -> dict[str, float]:
+        """Train to trainer.total_steps (from a checkpoint if given); returns val reward before/after."""
+        c = self.config.trainer
+        start = 0
+        if resume is not None:
+            start = checkpoint.load(resume, self.policy.transformer, self.optimizer, self.scheduler, self.world)["step"]
+            if self.log:
+                self.log.truncate_after(start)
+                print(f"resumed from {resume} at step {start}")
+        if start == 0:
+            with self.timer.phase("validate"):
+                metrics = self.validate(0)
+            self.record(0, metrics)
+        for step in range(start + 1, c.total_steps + 1):
+            metrics = self.train_step(step)
+            if step % c.val_every == 0 or step == c.total_steps:
+                with self.timer.phase("validate"):
+                    metrics.update(self.validate(step))
+            self.record(step, metrics)
+            if step % c.save_every == 0 or step == c.total_steps:
+                with self.timer.phase("save"):
+                    self.save(step)
+        return self.finish()
+
+    def record(self, step: int, metrics: dict[str, torch.Tensor]) -> None:
+        values = to_host({**metrics, **self.timer.pop()})
+        if self.log:
+            self.log.log(step, values, echo=tqdm.write)
+            if "val/reward/mean" in values:
+                plot_curves(read_metrics(self.log.path), self.run_dir / "reward_curve.png")
+
+    def finish(self) -> dict[str, float]:
+        if not self.log:
+            return {}
+        self.log.close()
+        val = [r for r in read_metrics(self.log.path) if "val/reward/mean" in r]
+        summary = {"val_reward_before": val[0]["val/reward/mean"], "val_reward_after": val[-1]["val/reward/mean"],
+                   "val_diversity_before": val[0]["val/diversity"], "val_diversity_after": val[-1]["val/diversity"],
+                   "steps": val[-1]["step"]}  # fmt: skip
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(
+            f"validation reward: {summary['val_reward_before']:.3f} before -> {summary['val_reward_after']:.3f} "
+            f"after {summary['steps']} steps (diversity {summary['val_diversity_before']:.3f} -> "
+            f"{summary['val_diversity_after']:.3f}); outputs in {self.run_dir}"
+        )
+        return summary

@@ -1,0 +1,79 @@
+"""Overrides and validation fail before anything loads, naming the key, the value and the fix."""
+
+import pytest
+
+from omnialign.config import (
+    ConfigError,
+    apply_overrides,
+    describe,
+    field_docs,
+    flat_fields,
+    from_dict,
+    to_dict,
+    validate,
+)
+from omnialign.recipes import RECIPES
+
+
+def test_overrides_set_typed_values():
+    c = apply_overrides(RECIPES["glyphs"](), [
+        "trainer.total_steps=40", "rollout.n=8", "rollout.eta=0.7", "trainer.progress=false",
+        "model.path=/tmp/x", "rollout.window_end=none", "actor.betas=[0.8,0.9]", 'reward.weights={"glyph_ocr": 2}',
+    ])  # fmt: skip
+    assert c.trainer.total_steps == 40 and c.rollout.n == 8 and c.rollout.eta == 0.7
+    assert c.trainer.progress is False and c.model.path == "/tmp/x" and c.rollout.window_end is None
+    assert c.actor.betas == (0.8, 0.9) and c.reward.weights == {"glyph_ocr": 2.0}
+
+
+def test_unknown_key_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(RECIPES["glyphs"](), ["trainer.total_step=40"])
+    assert "'trainer.total_step'" in str(e.value) and "trainer.total_steps: int" in str(e.value)
+
+
+@pytest.mark.parametrize("item", ["rollout.n=eight", "rollout.eta=high", "trainer.progress=maybe", "actor.betas=[1]"])
+def test_wrong_type_names_key_value_and_type(item):
+    key, _, value = item.partition("=")
+    with pytest.raises(ConfigError, match=rf"{key}=.*{value[:3]}.*expected"):
+        apply_overrides(RECIPES["glyphs"](), [item])
+
+
+def test_missing_equals_sign():
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides(RECIPES["glyphs"](), ["trainer.total_steps"])
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("rollout.n=1", "rollout.n=1"),
+        ("rollout.window_size=11", "window_size=11"),
+        ("rollout.kind=euler", "rollout.kind='euler'"),
+        ("actor.micro_batch_size=7", "actor.micro_batch_size=7"),
+        ("algorithm.old_log_probs=maybe", "old_log_probs='maybe'"),
+    ],
+)
+def test_validate_rejects_inconsistent_values(item, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(apply_overrides(RECIPES["glyphs"](), [item]))
+
+
+def test_every_recipe_validates_and_round_trips():
+    for name, fn in RECIPES.items():
+        config = validate(fn())
+        assert from_dict(to_dict(config)) == config, name
+
+
+def test_every_field_is_documented():
+    keys = flat_fields()
+    text = describe(RECIPES["glyphs"]())
+    for key in keys:
+        assert f"{key} = " in text
+    import dataclasses
+
+    from omnialign import config as cfg
+
+    for cls in [cfg.ModelConfig, cfg.DataConfig, cfg.RolloutConfig, cfg.RewardConfig, cfg.AlgorithmConfig,
+                cfg.ActorConfig, cfg.TrainerConfig]:  # fmt: skip
+        docs = field_docs(cls)
+        assert set(docs) == {f.name for f in dataclasses.fields(cls)}, cls.__name__

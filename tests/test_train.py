@@ -1,0 +1,138 @@
+"""End to end on the shipped glyphs model: outputs, the porting check, resume, crash safety."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from omnialign.config import apply_overrides, validate
+from omnialign.engine import checkpoint
+from omnialign.engine.dist import World
+from omnialign.metrics import read_metrics
+from omnialign.models import glyphs
+from omnialign.recipes import RECIPES
+from omnialign.rollout.diffusion import generate
+from omnialign.train import main
+from omnialign.trainer import actor
+
+
+def debug_config(tmp_path, *overrides):
+    return validate(apply_overrides(RECIPES["debug"](), [f"trainer.output_dir={tmp_path}", *overrides]))
+
+
+def without_timing(records):
+    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
+
+
+def test_debug_run_writes_every_output(tmp_path):
+    summary = main(debug_config(tmp_path))
+    run = tmp_path / "debug"
+    assert json.loads((run / "config.json").read_text())["rollout"]["n"] == 4
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert ["val/reward/mean" in r for r in records] == [True, False, True]
+    expected = ["reward/mean", "reward/std", "reward/zero_std_ratio", "actor/clip_frac", "actor/approx_kl",
+                "actor/grad_norm", "rollout/diversity", "timing/rollout", "timing/reward", "timing/update"]  # fmt: skip
+    assert set(expected) <= set(records[1])
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "samples" / "step_000000.png").exists() and (run / "samples" / "step_000002.png").exists()
+    assert (run / "reward_curve.png").exists()
+    assert checkpoint.latest(run).name == "step_000002"
+    assert summary["val_reward_before"] == records[0]["val/reward/mean"]
+
+
+def test_first_replay_reproduces_rollout_log_probs():
+    """Porting check: on a fresh rollout, replaying with the rollout's micro-batch gives ratio 1."""
+    config = debug_config("unused", "rollout.micro_batch_size=8", "actor.micro_batch_size=8")
+    policy = glyphs.load()
+    prompts = ["1"] * 4 + ["7"] * 4
+    traj, _ = generate(policy, prompts, torch.arange(2).repeat_interleave(4), torch.arange(8) + 99,
+                       config.rollout, torch.device("cpu"))  # fmt: skip
+    replayed = actor.infer(lambda b, k: actor.replay(policy, b, k, config.rollout).log_prob, traj, 8)
+    ratio = torch.exp(replayed - traj.log_probs)
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-6)
+
+
+def test_resume_continues_identically(tmp_path):
+    straight = debug_config(tmp_path / "a", "trainer.total_steps=4", "trainer.save_every=2", "trainer.val_every=2")
+    main(straight)
+    first = debug_config(tmp_path / "b", "trainer.total_steps=2", "trainer.save_every=2", "trainer.val_every=2")
+    main(first)
+    resumed = debug_config(tmp_path / "b", "trainer.total_steps=4", "trainer.save_every=2", "trainer.val_every=2")
+    main(resumed, resume="auto")
+    a = without_timing(read_metrics(tmp_path / "a" / "debug" / "metrics.jsonl"))
+    b = without_timing(read_metrics(tmp_path / "b" / "debug" / "metrics.jsonl"))
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert a == b
+
+
+def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
+    main(debug_config(tmp_path, "trainer.total_steps=1", "trainer.val_every=1"))
+    with pytest.raises(SystemExit, match="--resume auto"):
+        main(debug_config(tmp_path, "trainer.total_steps=1"))
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    world = World(0, 1, torch.device("cpu"))
+    checkpoint.save(tmp_path, 1, model, opt, sched, {"step": 1}, keep_last=2, world=world)
+    saved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.dcp, "save", crash)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path, 2, model, opt, sched, {"step": 2}, keep_last=1, world=world)
+    latest = checkpoint.latest(tmp_path)
+    assert latest.name == "step_000001"
+    assert checkpoint.load(latest, model, opt, sched, world)["step"] == 1
+    assert torch.equal(model.weight, saved)
+
+
+def test_non_finite_update_is_skipped_and_counted():
+    model = torch.nn.Linear(2, 1)
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    traj = torch.zeros(4)  # only its length is used by the loop below
+
+    def objective(batch, k):
+        return model(torch.ones(len(batch), 2)).squeeze(-1) * float("nan"), {}
+
+    class Fake:
+        batch_size, window, device = [4], 1, torch.device("cpu")
+
+        def __getitem__(self, index):
+            return traj[index]
+
+    cfg = RECIPES["debug"]().actor
+    out = actor.update(objective, Fake(), params, opt, sched, cfg, seed=0)
+    assert out["skipped_updates"].item() == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "omnialign", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_lists_recipes():
+    out = run_cli("train", "--list")
+    assert out.returncode == 0
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == len(RECIPES) and lines[0].startswith("glyphs ") and "FlowGRPO" in lines[0]
+
+
+def test_cli_bad_override_fails_before_anything_loads(tmp_path):
+    out = run_cli("train", "glyphs", "rollout.nn=3", f"trainer.output_dir={tmp_path}")
+    assert out.returncode != 0 and "unknown config key 'rollout.nn'" in out.stderr and "rollout.n: int" in out.stderr
+    out = run_cli("train", "glyphs", "rollout.n=three", f"trainer.output_dir={tmp_path}")
+    assert out.returncode != 0 and "rollout.n='three': expected int" in out.stderr
+    assert not any(tmp_path.iterdir())  # no run folder was created
