@@ -24,8 +24,8 @@ class ModelConfig:
     """Local directory of the pretrained model; None takes the architecture's default (glyphs ships its own)."""
     dtype: str = "float32"
     """Compute dtype of the trained network: float32 or bfloat16."""
-    shift: float = 1.0
-    """Static shift of the sigma schedule (SD3: 3; 1 is no shift)."""
+    shift: float | None = None
+    """Static shift of the sigma schedule; None takes the model's own (glyphs: 1, SD3: 3, Qwen-Image: dynamic)."""
 
 
 @dataclass

@@ -4,9 +4,7 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-
-from omnialign.config import Config, to_dict
+from omnialign.config import Config, ConfigError, to_dict
 from omnialign.engine import checkpoint, dist, optim
 from omnialign.models import LOADERS
 from omnialign.models.reference import frozen_reference
@@ -32,6 +30,8 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
 
 def main(config: Config, resume: str | None = None) -> dict:
     """Train `config` (validated) and return the validation summary (before/after)."""
+    if config.model.arch not in LOADERS:
+        raise ConfigError(f"model.arch={config.model.arch!r}: choose one of {sorted(LOADERS)}")
     world = dist.init()
     dist.seed_everything(config.seed)
     run_dir = Path(config.trainer.output_dir) / config.name
@@ -46,8 +46,7 @@ def main(config: Config, resume: str | None = None) -> dict:
                     path.unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    dtype = getattr(torch, config.model.dtype)
-    policy = LOADERS[config.model.arch](config.model.path, dtype=dtype, shift=config.model.shift).to(world.device)
+    policy = LOADERS[config.model.arch](config.model).to(world.device)
     params = [p for p in policy.transformer.parameters() if p.requires_grad]
     optimizer, scheduler = optim.build(params, config.actor)
     reference = frozen_reference(policy) if config.algorithm.kl_coef > 0 else None

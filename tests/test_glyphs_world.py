@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from omnialign.config import ModelConfig
 from omnialign.data.glyphs import PROMPT_SETS, SIZE, render
 from omnialign.models import glyphs
 from omnialign.rewards.glyphs import glyph_ocr, load_recognizer
@@ -23,7 +24,7 @@ def test_tiny_policy_round_trips_through_save_pretrained(tmp_path):
     policy = glyphs.GlyphsPolicy(glyphs.tiny_transformer(dim=32, layers=1), glyphs.CharEncoder(dim=32, pooled_dim=32))
     policy.transformer.save_pretrained(tmp_path / "transformer")
     policy.text_encoder.save_pretrained(tmp_path / "text_encoder")
-    loaded = glyphs.load(str(tmp_path))
+    loaded = glyphs.load(ModelConfig(path=str(tmp_path)))
     x, sigma = torch.randn(2, 1, SIZE, SIZE), torch.tensor([0.3, 0.9])
     cond = loaded.encode_prompts(["7", "12"])
     assert cond["hidden"].shape[0] == 2
@@ -38,7 +39,7 @@ def test_bad_prompt_and_missing_model_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="'x7'"):
         glyphs.CharEncoder().tokenize(["x7"])
     with pytest.raises(FileNotFoundError, match="omnialign prepare glyphs"):
-        glyphs.load(str(tmp_path))
+        glyphs.load(ModelConfig(path=str(tmp_path)))
 
 
 def test_shipped_recognizer_reads_renders_and_rejects_textures():

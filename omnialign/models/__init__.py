@@ -1,4 +1,4 @@
-"""Model adapters by architecture. Each loader returns a `DiffusionPolicy` on the CPU."""
+"""Model adapters by architecture: `LOADERS[arch](model_config)` returns a `DiffusionPolicy` on the CPU."""
 
 from omnialign.models import glyphs
 

@@ -13,6 +13,7 @@ from diffusers.configuration_utils import register_to_config
 from tensordict import TensorDict
 from torch import nn
 
+from omnialign.config import ModelConfig
 from omnialign.data.glyphs import CHARSET, SIZE
 from omnialign.diffusion.sde import sigma_schedule
 
@@ -103,9 +104,11 @@ class GlyphsPolicy:
         return list(self.transformer.transformer_blocks)
 
 
-def load(path: str | None = None, dtype: torch.dtype = torch.float32, shift: float = 1.0) -> GlyphsPolicy:
-    """Load the glyphs policy from `path` (default: the shipped base weights); text encoder frozen."""
-    root = Path(path) if path else ASSETS
+def load(config: ModelConfig | None = None) -> GlyphsPolicy:
+    """Load the glyphs policy from `config.path` (default: the shipped base weights); text encoder frozen."""
+    config = config or ModelConfig()
+    root = Path(config.path) if config.path else ASSETS
+    dtype, shift = getattr(torch, config.dtype), config.shift or 1.0
     if not (root / "transformer").is_dir():
         raise FileNotFoundError(f"no glyphs model at {root}: run `omnialign prepare glyphs --out {root}`")
     transformer = SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)
