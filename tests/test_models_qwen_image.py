@@ -1,0 +1,138 @@
+"""The Qwen-Image adapter on a tiny random pipeline: loading, encoding, packing, schedule, and
+equivalence with diffusers' own `QwenImagePipeline`."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+from peft import LoraConfig, get_peft_model
+
+from omnialign.config import ModelConfig
+from omnialign.diffusion.sampling import per_sample_noise, sample
+from omnialign.models import LOADERS, qwen_image, tiny
+
+PROMPTS = ["a red cat", 'a shop sign that says "OPEN" in the rain, photo']
+HEIGHT, WIDTH = 32, 48  # tiny VAE factor 4, 2x2 packing: a 4x6 token grid
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return tiny.qwen_image(tmp_path_factory.mktemp("qwen_image"))
+
+
+@pytest.fixture(scope="module")
+def policy(path):
+    return LOADERS["qwen_image"](ModelConfig(arch="qwen_image", path=str(path)))
+
+
+@pytest.fixture(scope="module")
+def pipeline(path):
+    pipe = QwenImagePipeline.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_loads_by_path_with_frozen_encoders_and_lora_targets(policy):
+    assert not any(p.requires_grad for p in [*policy.text_encoder.parameters(), *policy.vae.parameters()])
+    assert not policy.text_encoder.training and not policy.vae.training
+    assert all(p.requires_grad for p in policy.transformer.parameters())
+    assert len(policy.blocks()) == 2
+    lora = get_peft_model(copy.deepcopy(policy.transformer), LoraConfig(r=2, target_modules=policy.lora_targets))
+    assert sum(name.endswith("lora_A") for name, _ in lora.named_modules()) == 12 * 2  # 12 projections per block
+
+
+def test_encode_prompts_match_the_pipeline(policy, pipeline):
+    cond = policy.encode_prompts(PROMPTS)
+    assert cond.batch_size == torch.Size([2])
+    assert cond["embeds"].shape == (2, qwen_image.MAX_SEQUENCE_LENGTH, 16)
+    assert cond["mask"].shape == (2, qwen_image.MAX_SEQUENCE_LENGTH)
+    embeds, mask = pipeline.encode_prompt(PROMPTS)
+    lengths = mask.sum(1)
+    assert cond["mask"].sum(1).tolist() == lengths.tolist() and lengths[0] < lengths[1]
+    for i, n in enumerate(lengths):
+        assert cond["mask"][i, :n].all() and not cond["mask"][i, n:].any()
+        torch.testing.assert_close(cond["embeds"][i, :n], embeds[i, :n])
+        assert not cond["embeds"][i, n:].any()
+    short = qwen_image.QwenImagePolicy(
+        policy.transformer, policy.vae, policy.text_encoder, policy.tokenizer, policy.scheduler, max_sequence_length=3
+    )
+    assert short.encode_prompts(PROMPTS)["mask"].tolist() == [[1, 1, 1]] * 2  # truncated like the pipeline
+
+
+def test_velocity_matches_the_pipelines_transformer_call(policy, pipeline):
+    cond = policy.encode_prompts(PROMPTS)
+    shape = policy.latent_shape(HEIGHT, WIDTH)
+    assert shape == (4, 6, 16)
+    latents, sigma = torch.randn(2, *shape), torch.tensor([0.93, 0.41])
+    v = policy.velocity(latents, sigma, cond)
+    assert v.shape == latents.shape
+    embeds, mask = pipeline.encode_prompt(PROMPTS)
+    with torch.no_grad():
+        expected = pipeline.transformer(
+            hidden_states=latents.reshape(2, 24, 16),
+            timestep=(sigma * 1000) / 1000,
+            encoder_hidden_states_mask=mask,
+            encoder_hidden_states=embeds,
+            img_shapes=[[(1, 4, 6)]] * 2,
+            return_dict=False,
+        )[0]
+    torch.testing.assert_close(v.detach(), expected.reshape(v.shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [(HEIGHT, WIDTH), (512, 512)])
+def test_schedule_matches_the_scheduler(policy, path, size):
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
+    tokens = policy.latent_shape(*size)[0] * policy.latent_shape(*size)[1]
+    c = scheduler.config
+    mu = calculate_shift(tokens, c.base_image_seq_len, c.max_image_seq_len, c.base_shift, c.max_shift)
+    for steps in (4, 10):
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+        sigmas = policy.schedule(steps, *size)
+        assert sigmas.dtype == torch.float32 and sigmas.shape == (steps + 1,)
+        torch.testing.assert_close(sigmas, scheduler.sigmas, rtol=0, atol=1e-6)
+        assert abs(sigmas[-2] - 0.02) < 1e-6 and sigmas[-1] == 0  # the terminal stretch
+
+
+def test_decode_gives_images_in_unit_range(policy):
+    images = policy.decode(torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)) * 3)
+    assert images.shape == (2, 3, HEIGHT, WIDTH) and images.dtype == torch.float32
+    assert images.min() >= 0 and images.max() <= 1
+
+
+@pytest.mark.parametrize("guidance", [1.0, 4.0])
+def test_ode_sampler_reproduces_the_pipeline(policy, pipeline, guidance):
+    """Our sampler (true CFG with norm rescale) + decode equals QwenImagePipeline.__call__ for the same noise."""
+    steps, negative = 4, ["blurry, low quality"] * 2
+    generators = [torch.Generator().manual_seed(s) for s in (11, 12)]
+    shape = policy.latent_shape(HEIGHT, WIDTH)
+    cond = policy.encode_prompts(PROMPTS)
+    uncond = policy.encode_prompts(negative) if guidance != 1.0 else None
+    out = sample(
+        policy.velocity, generators, shape, policy.schedule(steps, HEIGHT, WIDTH), cond, uncond,
+        guidance=guidance, cfg_rescale=True, window=0,
+    )  # fmt: skip
+    ours = policy.decode(out.final)
+    noise = per_sample_noise([torch.Generator().manual_seed(s) for s in (11, 12)], shape, torch.device("cpu"))
+    theirs = pipeline(
+        PROMPTS, negative_prompt=negative if guidance != 1.0 else None, true_cfg_scale=guidance, height=HEIGHT,
+        width=WIDTH, num_inference_steps=steps, latents=noise.reshape(2, -1, shape[-1]), output_type="pt",
+    ).images  # fmt: skip
+    assert ours.shape == theirs.shape == (2, 3, HEIGHT, WIDTH)
+    assert (ours - ours[:1]).abs().max() > 1e-3  # the two prompts give different images
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_fail_clearly(policy, tmp_path):
+    with pytest.raises(ValueError, match="model.path is required"):
+        qwen_image.load(ModelConfig(arch="qwen_image"))
+    with pytest.raises(FileNotFoundError, match="missing transformer/, vae/"):
+        qwen_image.load(ModelConfig(arch="qwen_image", path=str(tmp_path / "nowhere")))
+    for part in ("vae", "text_encoder", "tokenizer", "scheduler"):
+        (tmp_path / part).mkdir()
+    with pytest.raises(FileNotFoundError, match=r"missing transformer/\. Point model.path"):
+        qwen_image.load(ModelConfig(arch="qwen_image", path=str(tmp_path)))
+    with pytest.raises(ValueError, match="divisible by 8, got 30x48"):
+        policy.latent_shape(30, 48)
