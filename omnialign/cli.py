@@ -46,6 +46,27 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     prepare_glyphs(config)
 
 
+def cmd_serve_reward(args: argparse.Namespace) -> None:
+    import json
+    import os
+
+    from omnialign.rewards import lookup
+    from omnialign.rewards.server import serve
+
+    try:
+        options = json.loads(args.options)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise SystemExit(f"serve-reward: --options={args.options!r} is not a JSON object, e.g. '{{\"psm\": 6}}'")
+    try:
+        fn = lookup(args.reward, options)
+        token = args.token or os.environ.get("OMNIALIGN_REWARD_TOKEN") or None
+        serve(fn, args.reward, args.host, args.port, token, args.device, args.max_batch, args.max_queue)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"serve-reward: {e}") from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnialign", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -64,6 +85,16 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--generator-steps", type=int)
     pr.add_argument("--target-reward", type=float)
     pr.set_defaults(fn=cmd_prepare)
+    sr = sub.add_parser("serve-reward", help="serve a reward over HTTP (docs/rewards.md)")
+    sr.add_argument("reward", help="a key of omnialign.rewards.REWARDS, or path/to/file.py:function")
+    sr.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 for all)")
+    sr.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; the URL is printed)")
+    sr.add_argument("--device", help="move images to this device before scoring, e.g. cuda:1 (default: as sent)")
+    sr.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (default $OMNIALIGN_REWARD_TOKEN if set)")
+    sr.add_argument("--options", default="{}", help="the reward's keyword options as a JSON object")
+    sr.add_argument("--max-batch", type=int, default=64, help="most samples merged into one reward call")
+    sr.add_argument("--max-queue", type=int, default=256, help="most requests held before answering 429")
+    sr.set_defaults(fn=cmd_serve_reward)
     return p
 
 

@@ -75,7 +75,13 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     weights: dict[str, float] = field(default_factory=lambda: {"glyph_ocr": 1.0})
-    """Reward functions by name (see `omnialign.rewards.REWARDS`) and their weights in the sum."""
+    """Rewards and weights of the sum: keys of `omnialign.rewards.REWARDS` or reward.remote, or `path/file.py:fn`."""
+    optional: list[str] = field(default_factory=list)
+    """Rewards whose failure is logged and scores 0; any other reward that fails stops the step with the reason."""
+    options: dict[str, dict] = field(default_factory=dict)
+    """Keyword options by reward name, e.g. {"ocr_vlm": {"url": "http://H:P/v1", "model": "M"}} (docs/rewards.md)."""
+    remote: dict[str, str] = field(default_factory=dict)
+    """Rewards served by `omnialign serve-reward`: name -> http://HOST:PORT; token from $OMNIALIGN_REWARD_TOKEN."""
 
 
 @dataclass

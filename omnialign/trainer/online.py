@@ -79,10 +79,10 @@ class OnlineTrainer:
         chunk = self.config.rollout.micro_batch_size
         totals, parts = [], []
         for lo in tqdm(range(0, len(prompts), chunk), desc="reward", leave=False, disable=not self.progress):
-            total, part = rewards.score(images[lo : lo + chunk], prompts[lo : lo + chunk],
-                                        [{} for _ in prompts[lo : lo + chunk]], self.config.reward.weights)  # fmt: skip
-            totals.append(total)
-            parts.append(part)
+            scored = rewards.score(images[lo : lo + chunk], prompts[lo : lo + chunk],
+                                   [{} for _ in prompts[lo : lo + chunk]], self.config.reward)  # fmt: skip
+            totals.append(scored.total)
+            parts.append(scored.parts)
         return torch.cat(totals), {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     @torch.no_grad()

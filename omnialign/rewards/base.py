@@ -1,0 +1,64 @@
+"""What every reward shares: the function type, per-sample info, and images as PNG.
+
+A reward is `fn(outputs, prompts, metadata) -> list[float]`: `outputs` is a float image tensor
+(B, C, H, W) in [0, 1] (C = 1 or 3) or a list of B response strings; `prompts` B strings;
+`metadata` B dicts (`ground_truth`, `data_source`, ...). A reward that has more to say per
+sample (a judge's raw reply, a transcription) returns `Scores(values, info)`: still a list of
+floats, with `info` one JSON-serialisable dict per sample; `rewards.score` collects it.
+"""
+
+import io
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+Outputs = torch.Tensor | list[str]
+RewardFn = Callable[[Outputs, list[str], list[dict]], list[float]]
+
+
+class Scores(list):
+    """A list of B floats and `info`, B dicts of per-sample details (JSON-serialisable)."""
+
+    def __init__(self, values: list[float], info: list[dict] | None = None):
+        super().__init__(float(v) for v in values)
+        self.info = [{} for _ in self] if info is None else list(info)
+        if len(self.info) != len(self):
+            raise ValueError(f"Scores got {len(self)} values but {len(self.info)} info dicts")
+
+
+def images_of(outputs: Outputs, reward: str) -> torch.Tensor:
+    """The outputs as an image batch, or a ValueError naming the reward that needs images."""
+    if not isinstance(outputs, torch.Tensor) or outputs.ndim != 4 or outputs.shape[1] not in (1, 3):
+        kind = f"a tensor of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor) else type(outputs)
+        raise ValueError(f"reward {reward!r} scores images (B, 1 or 3, H, W) in [0, 1]; got {kind}")
+    return outputs
+
+
+def texts_of(outputs: Outputs, reward: str) -> list[str]:
+    """The outputs as response strings, or a ValueError naming the reward that needs text."""
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise ValueError(f"reward {reward!r} scores text responses (a list of str); got {type(outputs).__name__}")
+    return outputs
+
+
+def to_pil(image: torch.Tensor) -> Image.Image:
+    """One image (C, H, W) in [0, 1] as an 8-bit grayscale or RGB PIL image."""
+    pixels = image.detach().float().clamp(0, 1).mul(255).round().to(torch.uint8).cpu().numpy()
+    return Image.fromarray(pixels[0]) if pixels.shape[0] == 1 else Image.fromarray(pixels.transpose(1, 2, 0))
+
+
+def to_png(image: torch.Tensor) -> bytes:
+    """One image (C, H, W) in [0, 1] as PNG bytes (8 bits per channel)."""
+    buffer = io.BytesIO()
+    to_pil(image).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def from_png(data: bytes) -> torch.Tensor:
+    """PNG (or any Pillow-readable) bytes as a float image (C, H, W) in [0, 1]; grayscale stays C=1."""
+    image = Image.open(io.BytesIO(data))
+    image = image.convert("L" if image.mode in ("1", "L", "LA") else "RGB")
+    pixels = torch.from_numpy(np.asarray(image).copy()).float().div(255)
+    return pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)

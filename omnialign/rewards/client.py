@@ -1,0 +1,147 @@
+"""The client of `omnialign serve-reward`, and the JSON-over-HTTP call with retries that the
+OpenAI-compatible rewards share.
+
+    judge = RemoteReward("http://10.0.0.2:8000")   # token: $OMNIALIGN_REWARD_TOKEN, if set
+    scores = judge(images, prompts, metadata)       # a plain reward function; returns Scores
+
+A `RemoteReward` can be named in a weighted combination like any other reward (config:
+`reward.remote={"judge": "http://10.0.0.2:8000"}`, `reward.weights={"judge": 1.0}`), and
+`rewards.RewardWorker` sends its chunks from background threads so that the server works while
+the trainer generates (see `omnialign.rewards`).
+
+Protocol (docs/rewards.md): `POST {url}/score` with `{"images": [base64 PNG, ...]}` (or
+`"texts": [...]`), `"prompts": [...]`, `"metadata": [...]}`; the reply is `{"scores": [...],
+"info": [...]}` in sample order. `GET {url}/health` reports the server's state.
+
+Retries: connection errors, timeouts, HTTP 429 and 5xx are retried `retries` times with
+exponential backoff (`backoff * 2**k` seconds, capped at `max_backoff`, with +-50 % jitter; a
+server's Retry-After is honoured up to the cap), then a `RewardServerError` names the URL, the
+attempts and the last error. Any other 4xx fails at once with the server's message. A call of
+more than `chunk` samples is split into requests sent `concurrency` at a time and put back in
+sample order. Proxies from the environment are not used.
+"""
+
+import base64
+import http.client
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from omnialign.rewards.base import Outputs, Scores, to_png
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class RewardServerError(RuntimeError):
+    """An endpoint refused a request (4xx) or stayed unreachable after the retries."""
+
+
+def _server_message(error: urllib.error.HTTPError) -> str:
+    text = error.read().decode(errors="replace")
+    try:
+        return str(json.loads(text)["error"])
+    except (ValueError, KeyError, TypeError):
+        return text[:500] or error.reason
+
+
+def post_json(
+    url: str,
+    body: dict | None,
+    token: str | None = None,
+    timeout: float = 300.0,
+    retries: int = 5,
+    backoff: float = 0.5,
+    max_backoff: float = 30.0,
+) -> dict:
+    """POST `body` as JSON (GET when it is None) and return the decoded reply, retrying as above."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    start, error = time.monotonic(), ""
+    for attempt in range(retries + 1):
+        retry_after = 0.0
+        try:
+            request = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
+            with _OPENER.open(request, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            message = _server_message(e)
+            if e.code != 429 and e.code < 500:
+                raise RewardServerError(f"{url}: HTTP {e.code}: {message}") from None
+            error = f"HTTP {e.code}: {message}"
+            try:
+                retry_after = float(e.headers.get("Retry-After", 0))
+            except ValueError:
+                pass
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short
+            cause = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, Exception) else e
+            error = f"{type(cause).__name__}: {cause}"
+        if attempt < retries:
+            delay = min(max_backoff, backoff * 2**attempt) * random.uniform(0.5, 1.5)
+            time.sleep(max(delay, min(retry_after, max_backoff)))
+    raise RewardServerError(
+        f"{url}: no answer after {retries + 1} attempts in {time.monotonic() - start:.1f}s; last error: {error}"
+    )
+
+
+class RemoteReward:
+    """A reward served by `omnialign serve-reward` at `url`, called like a plain reward function."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 300.0,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        chunk: int = 64,
+        concurrency: int = 4,
+    ):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"reward server url {url!r}: expected http://HOST:PORT (as printed by serve-reward)")
+        if chunk < 1 or concurrency < 1:
+            raise ValueError(f"RemoteReward chunk={chunk}, concurrency={concurrency}: both must be at least 1")
+        self.url = url.rstrip("/")
+        self.token = os.environ.get("OMNIALIGN_REWARD_TOKEN") if token is None else token
+        self.retry = {"timeout": timeout, "retries": retries, "backoff": backoff, "max_backoff": max_backoff}
+        self.chunk, self.concurrency = chunk, concurrency
+
+    def __repr__(self) -> str:
+        return f"RemoteReward({self.url!r})"
+
+    def __call__(self, outputs: Outputs, prompts: list[str], metadata: list[dict]) -> Scores:
+        n = len(prompts)
+        if len(outputs) != n or len(metadata) != n:
+            raise ValueError(f"{self!r}: {len(outputs)} outputs, {n} prompts, {len(metadata)} metadata; need equal")
+        spans = [(lo, min(lo + self.chunk, n)) for lo in range(0, n, self.chunk)]
+        post = lambda span: self._post(outputs, prompts, metadata, *span)
+        if len(spans) <= 1:
+            replies = [post(s) for s in spans]
+        else:
+            with ThreadPoolExecutor(min(self.concurrency, len(spans))) as pool:
+                replies = list(pool.map(post, spans))  # map keeps the order of spans
+        return Scores([v for r in replies for v in r["scores"]], [d for r in replies for d in r["info"]])
+
+    def _post(self, outputs: Outputs, prompts: list[str], metadata: list[dict], lo: int, hi: int) -> dict:
+        if isinstance(outputs, torch.Tensor):
+            body = {"images": [base64.b64encode(to_png(image)).decode() for image in outputs[lo:hi]]}
+        else:
+            body = {"texts": list(outputs[lo:hi])}
+        body.update(prompts=list(prompts[lo:hi]), metadata=list(metadata[lo:hi]))
+        reply = post_json(f"{self.url}/score", body, self.token, **self.retry)
+        scores, info = reply.get("scores"), reply.get("info")
+        if not isinstance(scores, list) or len(scores) != hi - lo or not isinstance(info, list) or len(info) != hi - lo:
+            raise RewardServerError(f"{self.url}/score: reply does not hold {hi - lo} scores and info: {reply!r:.300}")
+        return reply
+
+    def health(self) -> dict:
+        """The server's /health reply (status, reward, queue, counters); one quick attempt."""
+        return post_json(f"{self.url}/health", None, self.token, timeout=10.0, retries=0)

@@ -1,0 +1,107 @@
+"""Vision-language models behind an OpenAI-compatible chat endpoint, and the VLM judge reward.
+
+`chat` sends one user turn (the image as a base64 PNG data URL, then the text) to
+`{url}/chat/completions` (so `url` is the base URL, e.g. `http://127.0.0.1:8001/v1` for vLLM or
+SGLang), with `sampling` merged into the body (`temperature`, `max_tokens`, `top_p`, ...), the
+API key from `api_key` or $OPENAI_API_KEY, and the client's retries.
+
+`vlm_judge` (UnifiedReward style) asks for alignment, coherence and style, each 1-5; the reward
+is the mean of the scores found, each mapped to [0, 1] as (s - 1) / 4. The parser takes the last
+number after each dimension's name on its line (any markup, "(1-5)" and "out of 5" ignored),
+clamped to [1, 5]; a reply with none of the three scores 0, and `info` keeps the raw reply, the
+three mapped scores and what was missing.
+"""
+
+import base64
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from omnialign.rewards.base import Outputs, Scores, images_of, to_png
+from omnialign.rewards.client import RewardServerError, post_json
+
+JUDGE_PROMPT = """You are presented with a generated image and the text caption it was generated from. \
+Rate the image on three dimensions, each an integer from 1 (poor) to 5 (excellent):
+Alignment: how well the image shows everything the caption describes.
+Coherence: how logically and visually consistent the image is (no distortions, glitches or artifacts).
+Style: how aesthetically appealing the image is, regardless of the caption.
+Text caption: {prompt}
+Explain briefly, then end your reply with exactly these three lines:
+Alignment Score: X
+Coherence Score: Y
+Style Score: Z"""
+
+DIMENSIONS = ("alignment", "coherence", "style")
+_SCALE = re.compile(r"[(<\[]?\s*(?:1\s*(?:-|–|to)\s*5|out\s+of\s+5(?:\.0)?)\s*[)>\]]?", re.I)
+
+
+def chat(
+    url: str,
+    model: str,
+    image: torch.Tensor,
+    text: str,
+    sampling: dict | None = None,
+    api_key: str | None = None,
+    timeout: float = 120.0,
+    retries: int = 3,
+) -> str:
+    """The reply text of an OpenAI-compatible chat endpoint to (image (C, H, W) in [0, 1], text)."""
+    data_url = "data:image/png;base64," + base64.b64encode(to_png(image)).decode()
+    content = [{"type": "image_url", "image_url": {"url": data_url}}, {"type": "text", "text": text}]
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **(sampling or {})}
+    reply = post_json(url.rstrip("/") + "/chat/completions", body, api_key or os.environ.get("OPENAI_API_KEY"),
+                      timeout, retries)  # fmt: skip
+    try:
+        return reply["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        raise RewardServerError(f"{url}: not a chat completion: {reply!r:.300}") from None
+
+
+def chat_each(images: torch.Tensor, texts: list[str], concurrency: int, **kwargs) -> list[str]:
+    """`chat` for each (image, text) pair, `concurrency` requests at a time, replies in order."""
+    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+        return list(pool.map(lambda pair: chat(image=pair[0], text=pair[1], **kwargs), zip(images, texts)))
+
+
+def parse_judge(text: str) -> dict[str, float]:
+    """The 1-5 score of each dimension found in a judge's reply (the last one given), clamped to [1, 5]."""
+    text = _SCALE.sub(" ", text)
+    found = {}
+    for dim in DIMENSIONS:
+        matches = re.findall(rf"{dim}[^\d\n]{{0,24}}?(\d+(?:\.\d+)?)", text, flags=re.I)
+        if matches:
+            found[dim] = min(5.0, max(1.0, float(matches[-1])))
+    return found
+
+
+def judge_score(text: str) -> tuple[float, dict]:
+    """A judge's reply as (reward in [0, 1], info with the raw text and each dimension in [0, 1])."""
+    found = parse_judge(text)
+    info = {dim: (s - 1) / 4 for dim, s in found.items()} | {"text": text}
+    if len(found) < len(DIMENSIONS):
+        info["missing"] = [dim for dim in DIMENSIONS if dim not in found]
+    return (sum(info[dim] for dim in found) / len(found) if found else 0.0), info
+
+
+def vlm_judge(
+    outputs: Outputs,
+    prompts: list[str],
+    metadata: list[dict],
+    *,
+    url: str,
+    model: str,
+    prompt: str = JUDGE_PROMPT,
+    sampling: dict | None = None,
+    api_key: str | None = None,
+    timeout: float = 120.0,
+    concurrency: int = 8,
+) -> Scores:
+    """Reward: a VLM's 1-5 alignment, coherence and style ratings, mean mapped to [0, 1]; higher is better."""
+    images = images_of(outputs, "vlm_judge")
+    replies = chat_each(images, [prompt.replace("{prompt}", p) for p in prompts], concurrency, url=url, model=model,
+                        sampling={"temperature": 0.0, "max_tokens": 512} | (sampling or {}), api_key=api_key,
+                        timeout=timeout)  # fmt: skip
+    scored = [judge_score(reply) for reply in replies]
+    return Scores([s for s, _ in scored], [info for _, info in scored])

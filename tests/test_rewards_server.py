@@ -1,0 +1,306 @@
+"""The reward server and its client over real HTTP on loopback, and the OpenAI-compatible path."""
+
+import base64
+import io
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from omnialign.config import RewardConfig
+from omnialign.data.glyphs import CHARSET, render
+from omnialign.rewards import RewardWorker, score
+from omnialign.rewards.base import from_png, to_png
+from omnialign.rewards.client import RemoteReward, RewardServerError, post_json
+from omnialign.rewards.glyphs import glyph_ocr, load_recognizer
+from omnialign.rewards.ocr import ocr_vlm
+from omnialign.rewards.server import RewardServer
+from omnialign.rewards.user import load_reward
+from omnialign.rewards.vlm import vlm_judge
+
+FNS = Path(__file__).parent / "reward_fns.py"
+FAST = {"backoff": 0.01, "max_backoff": 0.05}  # client retry timing for tests
+
+
+@contextmanager
+def running(fn, name="test", **kwargs):
+    server = RewardServer(fn, name, port=kwargs.pop("port", 0), **kwargs)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def glyph_batch(n: int, seed: int = 0) -> tuple[torch.Tensor, list[str]]:
+    """n rendered glyphs in [0, 1], already 8-bit (as they arrive at the server), and their prompts."""
+    texts = [random.Random(seed + i).choice(CHARSET) for i in range(n)]
+    images = (render(texts, seed) + 1) / 2
+    return images.mul(255).round().div(255), texts
+
+
+def test_remote_reward_scores_like_in_process_and_reports_health():
+    images, texts = glyph_batch(6)
+    with running(glyph_ocr, "glyph_ocr") as server:
+        remote = RemoteReward(server.url, **FAST)
+        scores = remote(images, texts, [{}] * 6)
+        health = remote.health()
+    assert scores == pytest.approx(glyph_ocr(images, texts), abs=1e-5) and scores.info == [{}] * 6
+    assert health["status"] == "ok" and health["reward"] == "glyph_ocr" and health["samples"] == 6
+
+
+def test_many_concurrent_clients_nothing_lost_or_reordered():
+    images, texts = glyph_batch(40, seed=1)
+    expected = glyph_ocr(images, texts)
+    rng = random.Random(0)
+    requests = [rng.sample(range(40), 3) for _ in range(96)]
+    slowed = lambda o, p, m: (time.sleep(0.02), glyph_ocr(o, p, m))[1]  # so that requests pile up
+    with running(slowed, "glyph_ocr", max_batch=24, max_queue=6) as server:
+        remote = RemoteReward(server.url, retries=50, **FAST)
+        with ThreadPoolExecutor(24) as clients:
+            replies = list(clients.map(lambda idx: remote(images[idx], [texts[i] for i in idx], [{}] * 3), requests))
+        health = remote.health()
+    for idx, reply in zip(requests, replies):
+        assert reply == pytest.approx([expected[i] for i in idx], abs=1e-4)
+    assert health["requests"] == 96 and health["samples"] == 288
+    assert health["batches"] < 96  # concurrent requests were merged
+    assert health["rejected"] > 0 and health["held"] == 0  # the bound held, and the client retried the 429s
+
+
+def test_texts_are_chunked_and_kept_in_order():
+    fn = load_reward(f"{FNS}:slow_length")
+    texts = ["x" * i for i in range(1, 10)]
+    with running(lambda o, p, m: fn(o, p, m, seconds=0.05), "slow_length") as server:
+        scores = RemoteReward(server.url, chunk=2, concurrency=3, **FAST)(texts, ["q"] * 9, [{}] * 9)
+    assert scores == [float(i) for i in range(1, 10)]
+
+
+def test_killed_server_is_retried_then_fails_clearly():
+    command = [sys.executable, "-m", "omnialign", "serve-reward", f"{FNS}:slow_length", "--port", "0",
+               "--options", '{"seconds": 1.0}']  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert "serving reward" in line, line
+        url = line.split(" at ")[1].split()[0]
+        port = int(url.rsplit(":", 1)[1])
+        remote = RemoteReward(url, retries=40, backoff=0.05, max_backoff=0.1)
+        call = ThreadPoolExecutor(1).submit(remote, ["abc", "de"], ["q", "q"], [{}, {}])
+        time.sleep(0.5)  # the request is being scored
+        process.kill()
+        process.wait()
+        time.sleep(0.3)  # the client now meets a refused connection and retries
+        assert not call.done()
+        with running(load_reward(f"{FNS}:slow_length"), "restarted", port=port):  # back on the same port
+            assert call.result(timeout=30) == [3.0, 2.0]
+    finally:
+        process.kill()
+    start = time.monotonic()
+    with pytest.raises(
+        RewardServerError, match=rf"{url}/score: no answer after 3 attempts .* last error: ConnectionRefusedError"
+    ):
+        RemoteReward(url, retries=2, **FAST)(["abc"], ["q"], [{}])
+    assert time.monotonic() - start < 2
+
+
+def test_bad_token_fails_at_once_with_the_servers_message(monkeypatch):
+    monkeypatch.delenv("OMNIALIGN_REWARD_TOKEN", raising=False)
+    images, texts = glyph_batch(2)
+    with running(glyph_ocr, "glyph_ocr", token="s3cret") as server:
+        for token in ("wrong", None):
+            start = time.monotonic()
+            with pytest.raises(RewardServerError, match="HTTP 401: missing or wrong bearer token"):
+                RemoteReward(server.url, token=token, retries=5, backoff=1.0)(images, texts, [{}, {}])
+            assert time.monotonic() - start < 0.9  # no retry of a 4xx
+        assert RemoteReward(server.url, token="s3cret")(images, texts, [{}, {}]) == pytest.approx(
+            glyph_ocr(images, texts), abs=1e-5
+        )
+        monkeypatch.setenv("OMNIALIGN_REWARD_TOKEN", "s3cret")
+        assert len(RemoteReward(server.url)(images, texts, [{}, {}])) == 2
+        assert server.health()["requests"] == 2
+
+
+def test_malformed_requests_are_400_naming_the_field():
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="JPEG")
+    png = to_png(torch.zeros(1, 8, 8))
+    cases = [
+        ({"images": ["not base64!"], "prompts": ["a"]}, r"images\[0\] is not a base64-encoded PNG"),
+        (
+            {
+                "images": [base64.b64encode(png).decode(), base64.b64encode(buffer.getvalue()).decode()],
+                "prompts": ["a", "b"],
+            },
+            r"images\[1\] is not a base64-encoded PNG \(no PNG signature",
+        ),  # fmt: skip
+        ({"images": [base64.b64encode(png[:40]).decode()], "prompts": ["a"]}, r"images\[0\] is not a base64"),
+        (
+            {
+                "images": [base64.b64encode(png).decode(), base64.b64encode(to_png(torch.zeros(3, 8, 8))).decode()],
+                "prompts": ["a", "b"],
+            },
+            r"images\[1\] has shape \(3, 8, 8\) but images\[0\] \(1, 8, 8\)",
+        ),  # fmt: skip
+        ({"texts": ["a"], "prompts": ["a"], "metadata": [{}, {}]}, "'metadata' must be a list of 1 objects"),
+        ({"texts": ["a"], "images": [], "prompts": ["a"]}, "give exactly one of 'images'"),
+        ({"texts": ["a"]}, "'prompts' must be a non-empty list"),
+    ]
+    with running(glyph_ocr, "glyph_ocr") as server:
+        for body, message in cases:
+            with pytest.raises(RewardServerError, match=f"HTTP 400: {message}"):
+                post_json(f"{server.url}/score", body, retries=3, **FAST)
+        with pytest.raises(RewardServerError, match="HTTP 404"):
+            post_json(f"{server.url}/nope", {}, retries=3, **FAST)
+        assert server.health()["requests"] == 0
+
+
+def test_a_failing_reward_is_500_retried_then_reported():
+    with running(load_reward(f"{FNS}:broken"), "broken") as server:
+        with pytest.raises(
+            RewardServerError, match="after 2 attempts.*HTTP 500: reward 'broken' failed: .*judge is down"
+        ):
+            RemoteReward(server.url, retries=1, **FAST)(["x"], ["q"], [{}])
+        assert server.health()["failed_batches"] == 2
+
+
+def test_remote_reward_in_a_weighted_sum_and_in_the_worker():
+    images, texts = glyph_batch(8, seed=2)
+    slow = lambda o, p, m: (time.sleep(0.6), glyph_ocr(o, p, m))[1]
+    with running(slow, "slow_glyphs") as server:
+        config = RewardConfig(
+            weights={"remote_ocr": 1.0, "jpeg_compressibility": 0.01}, remote={"remote_ocr": server.url}
+        )
+        expected = score(images, texts, [{}] * 8, config)
+        with RewardWorker(config) as worker:
+            start = time.monotonic()
+            futures = [worker.submit(images[lo : lo + 4], texts[lo : lo + 4], [{}] * 4) for lo in (0, 4)]
+            assert time.monotonic() - start < 0.4  # submit does not wait for the server
+            results = [f.result(timeout=30) for f in futures]
+    assert torch.allclose(torch.cat([r.total for r in results]), expected.total, atol=1e-5)
+    assert torch.allclose(expected.parts["remote_ocr"], torch.tensor(glyph_ocr(images, texts)), atol=1e-5)
+
+
+def test_a_bad_request_in_a_batch_fails_alone_with_422():
+    fn = load_reward(f"{FNS}:picky")
+    calls = vars(sys.modules[fn.__module__])["PICKY_CALLS"]
+    with running(fn, "picky") as server:
+        remote = RemoteReward(server.url, retries=0)
+        with ThreadPoolExecutor(5) as pool:
+            first = pool.submit(remote, ["x"], ["q"], [{}])  # occupies the batcher while the others queue
+            time.sleep(0.1)
+            good = [pool.submit(remote, ["ab" * i], ["q"], [{}]) for i in (1, 2, 3)]
+            bad = pool.submit(remote, ["abc"], ["q"], [{"bad": True}])
+            assert first.result() == [1.0] and [g.result() for g in good] == [[2.0], [4.0], [6.0]]
+            with pytest.raises(RewardServerError, match="HTTP 422: reward 'picky' failed: ValueError: metadata 'bad'"):
+                bad.result()
+    assert max(calls) == 4 and server.health()["failed_batches"] == 1  # batched together, then one by one
+
+
+class ChatServer(ThreadingHTTPServer):
+    """A small OpenAI-compatible chat endpoint whose 'VLM' is the glyphs recognizer.
+
+    It reads the image with the recognizer (argmax per slot). An OCR request gets that text; a
+    request that asks for an Alignment score gets a messy judge reply, alignment 5 when the
+    reading equals the caption's quoted text and 1 otherwise. The first `fail_first` requests
+    are answered 503. Request bodies and headers are kept in `seen`.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, fail_first: int = 0):
+        super().__init__(("127.0.0.1", 0), ChatHandler)
+        self.recognizer, self.fail_first, self.seen = load_recognizer(), fail_first, []
+        self.lock = threading.Lock()
+
+    def read(self, image: torch.Tensor) -> str:
+        with torch.no_grad():
+            ids = self.recognizer(image[None] * 2 - 1).argmax(-1)[0].tolist()
+        return "".join(CHARSET[i] for i in ids if i < len(CHARSET))
+
+
+class ChatHandler(BaseHTTPRequestHandler):
+    server: ChatServer
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.server.lock:
+            self.server.seen.append((self.path, dict(self.headers), body))
+            fail = len(self.server.seen) <= self.server.fail_first
+        if fail or self.path != "/v1/chat/completions":
+            return self.answer(503 if fail else 404, {"error": {"message": "overloaded" if fail else "no such path"}})
+        content = body["messages"][0]["content"]
+        image_url = next(c["image_url"]["url"] for c in content if c["type"] == "image_url")
+        question = next(c["text"] for c in content if c["type"] == "text")
+        assert image_url.startswith("data:image/png;base64,")
+        reading = self.server.read(from_png(base64.b64decode(image_url.split(",", 1)[1])))
+        if "Alignment" in question:
+            caption = question.split("Text caption: ")[1].split("\n")[0]
+            alignment = 5 if f'"{reading}"' in caption else 1
+            reply = f"I see {reading}.\n**Alignment Score (1-5):** {alignment}\nCoherence score = 4/5\nStyle: 3"
+        else:
+            reply = reading
+        self.answer(200, {"id": "x", "object": "chat.completion", "model": body["model"],
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                                       "finish_reason": "stop"}]})  # fmt: skip
+
+    def answer(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@contextmanager
+def chat_server(fail_first: int = 0):
+    server = ChatServer(fail_first)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_ocr_through_an_openai_compatible_endpoint(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    texts = ["42", "7", "13", "5"]
+    images = (render(texts, seed=5) + 1) / 2
+    metadata = [{"ground_truth": t} for t in texts[:3]] + [{"ground_truth": "8"}]
+    with chat_server(fail_first=1) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        scores = ocr_vlm(images, texts, metadata, url=url, model="glyphs-vlm", concurrency=2,
+                         sampling={"temperature": 0.7, "top_p": 0.9})  # fmt: skip
+    assert scores == [1.0, 1.0, 1.0, 0.0] and scores.info[0] == {"text": "42", "target": "42"}
+    path, headers, body = server.seen[-1]
+    assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer sk-test"
+    assert body["model"] == "glyphs-vlm" and body["temperature"] == 0.7 and body["top_p"] == 0.9
+    assert body["max_tokens"] == 256 and len(server.seen) == 5  # one 503, retried
+
+
+def test_vlm_judge_through_an_openai_compatible_endpoint():
+    texts = ["42", "7"]
+    images = (render(texts, seed=6) + 1) / 2
+    prompts = ['the number "42"', 'the number "9"']
+    with chat_server() as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        scores = vlm_judge(images, prompts, [{}, {}], url=url, model="judge")
+    assert scores == pytest.approx([(1 + 0.75 + 0.5) / 3, (0 + 0.75 + 0.5) / 3])
+    assert scores.info[0]["alignment"] == 1.0 and scores.info[0]["text"].startswith("I see 42.")
+    assert server.seen[0][2]["temperature"] == 0.0
