@@ -17,6 +17,16 @@ from functools import cache
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank; 0 trains the full network."""
+    alpha: float = 0.0
+    """LoRA alpha (scale alpha/rank); 0 means alpha = rank."""
+    targets: list[str] | None = None
+    """Module names that get adapters; None takes the adapter's default list."""
+
+
+@dataclass
 class ModelConfig:
     arch: str = "glyphs"
     """Adapter, by architecture: one of `omnialign.models.LOADERS`."""
@@ -26,6 +36,8 @@ class ModelConfig:
     """Compute dtype of the trained network: float32 or bfloat16."""
     shift: float | None = None
     """Static shift of the sigma schedule; None takes the model's own (glyphs: 1, SD3: 3, Qwen-Image: dynamic)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapter of the trained network (rank 0: full fine-tuning)."""
 
 
 @dataclass
@@ -122,6 +134,20 @@ class ActorConfig:
     """Passes over each rollout batch."""
     shuffle: bool = True
     """Shuffle samples before each pass (seeded by step)."""
+    timestep_staging: bool = False
+    """Keep the trajectory in host memory and copy each step's inputs to the device just in time."""
+    prefetch: bool = True
+    """With timestep staging on CUDA: copy step k+1's inputs on a side stream while step k computes."""
+
+
+@dataclass
+class EngineConfig:
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward (less memory, about a third more compute)."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer states in host memory."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after each block's forward (less memory, one more all-gather in backward)."""
 
 
 @dataclass
@@ -149,12 +175,21 @@ class Config:
     seed: int = 0
     """Seed of prompts, noise and windows; a step's draws depend only on (seed, step)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """Model settings."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Data settings."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout settings."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward settings."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Algorithm settings."""
     actor: ActorConfig = field(default_factory=ActorConfig)
+    """Actor settings."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Engine settings."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Trainer settings."""
 
 
 class ConfigError(ValueError):
@@ -257,6 +292,10 @@ def validate(config: Config) -> Config:
                                        and (d.prompts_per_step * r.n) % a.mini_batch_size == 0),
          f"actor.mini_batch_size={a.mini_batch_size} must be a multiple of actor.micro_batch_size="
          f"{a.micro_batch_size} and divide the rollout batch {d.prompts_per_step * r.n}"),
+        (config.model.lora.rank >= 0, f"model.lora.rank={config.model.lora.rank} must be >= 0"),
+        (not (a.timestep_staging and config.engine.cpu_offload),
+         "actor.timestep_staging=true with engine.cpu_offload=true: staging copies to the device that offload "
+         "avoids; turn one off"),
         (config.trainer.val_every > 0 and config.trainer.save_every > 0,
          "trainer.val_every and trainer.save_every must be positive"),
     ]  # fmt: skip

@@ -33,13 +33,19 @@ class Timer:
         return out
 
 
-def to_host(metrics: dict[str, torch.Tensor | float]) -> dict[str, float]:
-    """Scalars of a dict of 0-d tensors and floats, with one device-to-host copy."""
+def to_host(
+    metrics: dict[str, torch.Tensor | float],
+    reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """Scalars of a dict of 0-d tensors and floats: the tensors are stacked on `device`, passed
+    through `reduce` (e.g. a mean across ranks) and brought to the host in one copy."""
     keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
     out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
     if keys:
-        values = torch.stack([metrics[k].detach().float().reshape(()).cpu() for k in keys]).tolist()
-        out.update(zip(keys, values))
+        device = device or metrics[keys[0]].device
+        stacked = torch.stack([metrics[k].detach().float().reshape(()).to(device) for k in keys])
+        out.update(zip(keys, reduce(stacked).tolist()))
     return out
 
 

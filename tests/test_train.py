@@ -6,7 +6,9 @@ import sys
 
 import pytest
 import torch
+from tensordict import TensorDict
 
+from omnialign.batch import Trajectory
 from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.engine.dist import World
@@ -50,7 +52,7 @@ def test_first_replay_reproduces_rollout_log_probs():
     prompts = ["1"] * 4 + ["7"] * 4
     traj, _ = generate(policy, prompts, torch.arange(2).repeat_interleave(4), torch.arange(8) + 99,
                        config.rollout, torch.device("cpu"))  # fmt: skip
-    replayed = actor.infer(lambda b, k: actor.replay(policy, b, k, config.rollout).log_prob, traj, 8)
+    replayed = actor.infer(actor.log_prob_objective(policy, config.rollout), traj, 8)["log_prob"]
     ratio = torch.exp(replayed - traj.log_probs)
     torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-6)
 
@@ -102,20 +104,16 @@ def test_non_finite_update_is_skipped_and_counted():
     before = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    traj = torch.zeros(4)  # only its length is used by the loop below
+    batch = Trajectory(latents=torch.zeros(4, 2, 2), log_probs=torch.zeros(4, 1), means=torch.zeros(4, 1, 2),
+                       sigmas=torch.zeros(4, 2), cond=TensorDict(batch_size=[4]), uncond=None,
+                       group=torch.zeros(4), seeds=torch.zeros(4), batch_size=[4])  # fmt: skip
 
-    def objective(batch, k):
-        return model(torch.ones(len(batch), 2)).squeeze(-1) * float("nan"), {}
+    def fn(inputs):
+        return model(inputs["x"]).squeeze(-1) * float("nan"), {}, {}
 
-    class Fake:
-        batch_size, window, device = [4], 1, torch.device("cpu")
-
-        def __getitem__(self, index):
-            return traj[index]
-
-    cfg = RECIPES["debug"]().actor
-    out = actor.update(objective, Fake(), params, opt, sched, cfg, seed=0)
-    assert out["skipped_updates"].item() == 1.0
+    objective = actor.Objective(fn, resident=(), per_step={"x": ("latents", 0), "x_next": ("latents", 1)})
+    out = actor.update(objective, batch, params, opt, sched, RECIPES["debug"]().actor, seed=0)
+    assert out.metrics["skipped_updates"].item() == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, params))
 
 

@@ -24,18 +24,42 @@ class World:
 
 
 def init() -> World:
-    """Join the process group when launched by torchrun (nccl on GPUs, gloo on CPUs); pick the device."""
+    """Join the process group (nccl on GPUs, gloo on CPUs) and pick this process's device.
+
+    Under torchrun the group spans its processes; without it this process forms a group of one,
+    so that FSDP2, checkpoints and reductions take the same code path at world size 1.
+    """
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size(), device)
-    return World(0, 1, device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if "RANK" in os.environ:
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return World(dist.get_rank(), dist.get_world_size(), device)
+
+
+def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate equally shaped tensors of every rank along dim 0 (rank order)."""
+    if dist.get_world_size() == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def mean_across(tensor: torch.Tensor) -> torch.Tensor:
+    """Mean over ranks (one all-reduce)."""
+    if dist.get_world_size() > 1:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+    return tensor
 
 
 def seed_everything(seed: int) -> None:
@@ -60,7 +84,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def barrier() -> None:
-    if dist.is_initialized():
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
 

@@ -1,6 +1,7 @@
 """Optimizer, learning-rate schedule, and the guarded optimizer step."""
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from omnialign.config import ActorConfig
 
@@ -28,6 +29,8 @@ def step(
     Returns (grad norm before clipping, 1.0 if the update was skipped else 0.0). One host sync.
     """
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if isinstance(grad_norm, DTensor):  # sharded parameters give a replicated global norm
+        grad_norm = grad_norm.full_tensor()
     finite = bool(torch.isfinite(grad_norm))
     if finite:
         optimizer.step()

@@ -15,9 +15,12 @@ from torch import nn
 class DiffusionPolicy(Protocol):
     transformer: nn.Module
     """The trained network. Trainers may wrap or shard it; adapters call it by this name."""
+    lora_targets: list[str]
+    """Default LoRA target module names of the trained network."""
 
     def to(self, device: torch.device) -> "DiffusionPolicy":
-        """Move every component (network, encoders, decoder) to the device; returns self."""
+        """Move the frozen components (encoders, decoder) to the device; returns self. The trained
+        network is placed by the engine (sharding moves it, or keeps it in host memory when offloaded)."""
         ...
 
     def encode_prompts(self, prompts: list[str]) -> TensorDict:

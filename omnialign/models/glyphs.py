@@ -63,8 +63,13 @@ def tiny_transformer(dim: int = 64, layers: int = 3, heads: int = 2) -> SD3Trans
     )
 
 
+LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+
+
 class GlyphsPolicy:
     """`DiffusionPolicy` over the glyphs generator; pixels are the latents (decode is a rescale)."""
+
+    lora_targets = LORA_TARGETS
 
     def __init__(self, transformer: SD3Transformer2DModel, text_encoder: CharEncoder, shift: float = 1.0):
         self.transformer = transformer
@@ -72,7 +77,6 @@ class GlyphsPolicy:
         self.shift = shift
 
     def to(self, device: torch.device) -> "GlyphsPolicy":
-        self.transformer.to(device)
         self.text_encoder.to(device)
         return self
 

@@ -1,15 +1,15 @@
-"""The reference policy of KL terms: a frozen copy of the trained network, swapped in on demand."""
+"""The reference policy of KL terms for full fine-tuning: a frozen copy of the network, swapped in."""
 
-import copy
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+
+from torch import nn
 
 from omnialign.models.base import DiffusionPolicy
 
 
-def frozen_reference(policy: DiffusionPolicy) -> Callable[[], AbstractContextManager]:
-    """A context factory under which `policy` computes with a frozen copy of its current network."""
-    frozen = copy.deepcopy(policy.transformer).requires_grad_(False).eval()
+def swapped_network(policy: DiffusionPolicy, frozen: nn.Module) -> Callable[[], AbstractContextManager]:
+    """A context factory under which `policy` computes with `frozen` instead of its trained network."""
 
     @contextmanager
     def reference() -> Iterator[None]:

@@ -1,34 +1,253 @@
-"""Micro-batched updates and inference over the timesteps of a trajectory.
+"""Micro-batched updates and inference over the steps of a trajectory.
 
-`update` runs an objective over mini-batches x micro-batches x window steps with gradient
-accumulation and one guarded optimizer step per mini-batch; `infer` runs a forward-only
-function over the same loop and returns its complete outputs. Objectives (`flowgrpo_objective`)
-tie a policy to the pure math of `diffusion/sde.py` and `algorithms/`.
+An `Objective` names what it reads: `resident` fields (one per sample, such as prompt conditions
+and advantages) and `per_step` inputs (slices `field[:, k + offset]` of step-indexed fields such
+as latents). The actor feeds it micro-batch by micro-batch and step by step:
+
+- `update` accumulates gradients over mini-batches x micro-batches x steps, with one guarded
+  optimizer step per mini-batch. Per-step model outputs are discarded after each backward
+  unless `return_model_output=True`; losses and metrics are aggregated either way.
+- `infer` runs a forward-only objective and always returns its complete outputs.
+- Timestep staging (`stage=True`): the trajectory stays in host memory, resident fields are
+  copied to the device once per micro-batch, and each step's inputs are copied just before
+  its forward and released after its backward; fields the objective does not name never
+  reach the device. With `prefetch=True` (CUDA), step k+1's copy runs on a side stream from
+  pinned memory while step k computes.
 """
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
+from tensordict import TensorDictBase
 from tqdm import tqdm
 
 from omnialign.algorithms.policy_gradient import gaussian_mean_kl, ppo_clip
-from omnialign.batch import Trajectory
 from omnialign.config import ActorConfig, AlgorithmConfig, RolloutConfig
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
 from omnialign.engine import optim
+from omnialign.engine.stage import Stager
 from omnialign.models.base import DiffusionPolicy
 
-# (micro-batch, window step k) -> (per-sample loss (b,), metrics {name: (b,) or () tensor})
-Objective = Callable[[Trajectory, int], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+Inputs = dict[str, Any]  # name -> (b, ...) tensor or TensorDict for one micro-batch and step
+StepFn = Callable[[Inputs], tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]]
 
 
-def replay(policy: DiffusionPolicy, batch: Trajectory, k: int, rollout: RolloutConfig) -> sde.Transition:
-    """Score the stored transition k of each sample under the current policy."""
-    x, sigma, sigma_next = batch.latents[:, k], batch.sigmas[:, k], batch.sigmas[:, k + 1]
-    v = guided_velocity(policy.velocity, x, sigma, batch.cond, batch.uncond, rollout.guidance, rollout.cfg_rescale)
-    return sde.transition(rollout.kind, v, x, sigma, sigma_next, rollout.eta, sample=batch.latents[:, k + 1])
+@dataclass
+class Objective:
+    """fn(inputs) -> (per-sample loss (b,), metrics {name: tensor}, model outputs {name: (b, ...)})."""
+
+    fn: StepFn
+    resident: tuple[str, ...]
+    """Per-sample batch fields the step reads, copied once per micro-batch (e.g. cond, advantages)."""
+    per_step: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Input name -> (batch field, offset): the input of step k is field[:, k + offset]."""
+
+
+class UpdateResult(NamedTuple):
+    metrics: dict[str, torch.Tensor]  # means over micro-batches and steps, 0-d tensors
+    model_output: dict[str, torch.Tensor]  # {} unless retained: name -> (epochs*B, steps, ...), plus "index"
+
+
+def steps_of(batch: Any, objective: Objective) -> int:
+    """Number of steps an objective runs over a batch; a field read at offsets up to o needs steps + o entries."""
+    reach: dict[str, int] = {}
+    for f, off in objective.per_step.values():
+        reach[f] = max(reach.get(f, 0), off)
+    entries = {f: getattr(batch, f).shape[1] for f in reach}
+    sizes = {entries[f] - off for f, off in reach.items()}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"batch fields disagree on the number of steps: entries {entries}, read at offsets up to {reach} "
+            "(latents need steps + 1 entries, per-step loss fields steps entries)"
+        )
+    return sizes.pop()
+
+
+def validate_batch(batch: Any, objective: Objective, stage: bool) -> int:
+    """Check a batch against an objective before any forward; returns the number of steps."""
+    names = {f.name for f in dataclasses.fields(batch)}
+    for name in objective.resident + tuple(f for f, _ in objective.per_step.values()):
+        if name not in names or (getattr(batch, name) is None and name != "uncond"):
+            raise ValueError(f"the objective reads batch field {name!r}, which is missing or None")
+    steps = steps_of(batch, objective)
+    if steps < 1:
+        raise ValueError("the trajectory window is empty: rollout.window_size must be at least 1")
+    if stage:
+        for name in objective.resident + tuple(f for f, _ in objective.per_step.values()):
+            value = getattr(batch, name)
+            if value is None:
+                continue
+            if value.device.type != "cpu":
+                raise ValueError(f"timestep staging needs the batch on the host; field {name!r} is on {value.device}")
+            leaves = value.values(True, True) if isinstance(value, TensorDictBase) else [value]
+            if any(t.requires_grad for t in leaves):
+                raise ValueError(f"timestep staging: batch field {name!r} requires grad; detach it first")
+    return steps
+
+
+def _step_inputs(host: Any, objective: Objective, k: int) -> Inputs:
+    return {name: getattr(host, f)[:, k + off] for name, (f, off) in objective.per_step.items()}
+
+
+def _run(
+    objective: Objective,
+    batch: Any,
+    micro_batch_size: int,
+    device: torch.device,
+    order: torch.Tensor,
+    stage: bool,
+    prefetch: bool,
+    step_fn: Callable[[Inputs, int], None],
+    after_micro_batch: Callable[[torch.Tensor], None] = lambda index: None,
+) -> None:
+    """Feed `objective` micro-batch by micro-batch (in `order`) and step by step to `step_fn`."""
+    steps = steps_of(batch, objective)
+    stager = Stager(device, prefetch) if stage else None
+    for lo in range(0, len(order), micro_batch_size):
+        index = order[lo : lo + micro_batch_size]
+        micro = batch[index.to(batch.device)]
+        resident = {name: getattr(micro, name) for name in objective.resident}
+        if stager is None:
+            for k in range(steps):
+                step_fn({**resident, **_step_inputs(micro, objective, k)}, k)
+        else:
+            resident = stager.resident(resident)
+            for k, inputs in enumerate(stager.steps([_step_inputs(micro, objective, k) for k in range(steps)])):
+                step_fn({**resident, **inputs}, k)
+                del inputs
+        after_micro_batch(index)
+
+
+class _Mean:
+    """Running means of metric tensors, on the device, without host syncs."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        self.sums[name] = self.sums.get(name, 0) + value.detach().float().mean()
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return {name: total / self.counts[name] for name, total in self.sums.items()}
+
+
+def update(
+    objective: Objective,
+    batch: Any,
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    config: ActorConfig,
+    seed: int,
+    device: torch.device | None = None,
+    return_model_output: bool = False,
+    progress: bool = False,
+) -> UpdateResult:
+    """Train on a batch: `config.epochs` passes, one optimizer step per mini-batch.
+
+    Each (micro-batch, step) loss is scaled so that a mini-batch's gradient is the mean over its
+    samples and steps. Metrics come back as 0-d tensor means (no host sync besides the finite
+    check of each optimizer step); `skipped_updates` is a count.
+    """
+    size = batch.batch_size[0]
+    steps = validate_batch(batch, objective, config.timestep_staging)
+    device = device or batch.device
+    mini, micro = config.mini_batch_size or size, config.micro_batch_size
+    generator = torch.Generator().manual_seed(seed)
+    means = _Mean()
+    retained: dict[str, list[torch.Tensor]] = {}
+    per_micro: dict[str, list[torch.Tensor]] = {}
+    bar = tqdm(total=config.epochs * -(-size // micro) * steps, desc="update", leave=False, disable=not progress)
+
+    def step_fn(inputs: Inputs, k: int) -> None:
+        loss, metrics, outputs = objective.fn(inputs)
+        n = len(loss)
+        (loss.mean() * (n / mini / steps)).backward()
+        means.add("loss", loss)
+        for name, value in metrics.items():
+            means.add(name, value)
+        if return_model_output:
+            for name, value in outputs.items():
+                per_micro.setdefault(name, []).append(value.detach())
+        bar.update()
+
+    def keep(index: torch.Tensor) -> None:
+        for name, values in per_micro.items():
+            retained.setdefault(name, []).append(torch.stack(values, dim=1))
+        retained.setdefault("index", []).append(index)
+        per_micro.clear()
+
+    skipped = torch.zeros(())
+    for _ in range(config.epochs):
+        order = torch.randperm(size, generator=generator) if config.shuffle else torch.arange(size)
+        for lo in range(0, size, mini):
+            _run(objective, batch, micro, device, order[lo : lo + mini], config.timestep_staging,
+                 config.prefetch, step_fn, keep if return_model_output else lambda index: None)  # fmt: skip
+            grad_norm, was_skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm)
+            means.add("grad_norm", grad_norm)
+            skipped = skipped + was_skipped
+    bar.close()
+    metrics = means.result()
+    metrics["skipped_updates"] = skipped
+    return UpdateResult(metrics, {name: torch.cat(values) for name, values in retained.items()})
+
+
+@torch.no_grad()
+def infer(
+    objective: Objective,
+    batch: Any,
+    micro_batch_size: int,
+    device: torch.device | None = None,
+    stage: bool = False,
+    prefetch: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Forward-only pass; returns every output stacked as (B, steps, ...) in batch order."""
+    validate_batch(batch, objective, stage)
+    outputs: dict[str, list[torch.Tensor]] = {}
+    per_micro: dict[str, list[torch.Tensor]] = {}
+
+    def step_fn(inputs: Inputs, k: int) -> None:
+        for name, value in objective.fn(inputs)[2].items():
+            per_micro.setdefault(name, []).append(value)
+
+    def keep(index: torch.Tensor) -> None:
+        for name, values in per_micro.items():
+            outputs.setdefault(name, []).append(torch.stack(values, dim=1))
+        per_micro.clear()
+
+    order = torch.arange(batch.batch_size[0])
+    _run(objective, batch, micro_batch_size, device or batch.device, order, stage, prefetch, step_fn, keep)
+    return {name: torch.cat(values) for name, values in outputs.items()}
+
+
+# --------------------------------------------------------------------------- FlowGRPO family
+
+FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
+
+
+def replay(policy: DiffusionPolicy, inputs: Inputs, rollout: RolloutConfig) -> sde.Transition:
+    """Score a stored transition x -> x_next under the current policy."""
+    x, sigma = inputs["x"], inputs["sigma"]
+    v = guided_velocity(policy.velocity, x, sigma, inputs["cond"], inputs["uncond"], rollout.guidance,
+                        rollout.cfg_rescale)  # fmt: skip
+    return sde.transition(rollout.kind, v, x, sigma, inputs["sigma_next"], rollout.eta, sample=inputs["x_next"])
+
+
+def log_prob_objective(policy: DiffusionPolicy, rollout: RolloutConfig) -> Objective:
+    """Forward-only: the log-prob (and mean) of each stored transition (old or reference policy)."""
+
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict, dict[str, torch.Tensor]]:
+        tr = replay(policy, inputs, rollout)
+        return tr.log_prob, {}, {"log_prob": tr.log_prob, "mean": tr.mean}
+
+    return Objective(fn, resident=("cond", "uncond"), per_step=dict(FLOW_STEP))
 
 
 def flowgrpo_objective(
@@ -39,86 +258,18 @@ def flowgrpo_objective(
 ) -> Objective:
     """FlowGRPO: PPO clip on the window transitions' log-probs, plus the reference KL if kl_coef > 0."""
 
-    def objective(batch: Trajectory, k: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        tr = replay(policy, batch, k, rollout)
-        old = batch.old_log_probs if algorithm.old_log_probs == "recompute" else batch.log_probs
-        loss, metrics = ppo_clip(
-            tr.log_prob, old[:, k], batch.advantages, algorithm.clip_range, algorithm.clip_range, algorithm.adv_clip
-        )
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        tr = replay(policy, inputs, rollout)
+        loss, metrics = ppo_clip(tr.log_prob, inputs["old_log_prob"], inputs["advantages"],
+                                 algorithm.clip_range, algorithm.clip_range, algorithm.adv_clip)  # fmt: skip
         metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
         if algorithm.kl_coef > 0:
             with torch.no_grad(), reference():
-                ref = replay(policy, batch, k, rollout)
+                ref = replay(policy, inputs, rollout)
             kl = gaussian_mean_kl(tr.mean, ref.mean, tr.std)
             loss = loss + algorithm.kl_coef * kl
             metrics["kl"] = kl.detach()
-        return loss, metrics
+        return loss, metrics, {"log_prob": tr.log_prob, "mean": tr.mean}
 
-    return objective
-
-
-def _micro_batches(size: int, mini: int, micro: int, order: torch.Tensor) -> list[list[torch.Tensor]]:
-    """order split into mini-batches, each a list of micro-batch index tensors."""
-    return [[order[m : m + micro] for m in range(lo, lo + mini, micro)] for lo in range(0, size, mini)]
-
-
-def update(
-    objective: Objective,
-    traj: Trajectory,
-    params: list[torch.nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    config: ActorConfig,
-    seed: int,
-    progress: bool = False,
-) -> dict[str, torch.Tensor]:
-    """Train on a trajectory: `config.epochs` passes, one optimizer step per mini-batch.
-
-    The loss of each (micro-batch, step) is scaled so that a mini-batch's gradient is the mean
-    over its samples and window steps. Returns metric means as 0-d tensors (no host sync besides
-    the finite check of each optimizer step).
-    """
-    size, window = traj.batch_size[0], traj.window
-    mini = config.mini_batch_size or size
-    generator = torch.Generator().manual_seed(seed)
-    sums: dict[str, torch.Tensor] = {}
-    counts: dict[str, int] = {}
-
-    def add(name: str, value: torch.Tensor) -> None:
-        sums[name] = sums.get(name, 0) + value.detach().float().mean()
-        counts[name] = counts.get(name, 0) + 1
-
-    n_units = config.epochs * size // config.micro_batch_size * window
-    bar = tqdm(total=n_units, desc="update", leave=False, disable=not progress, dynamic_ncols=True)
-    for _ in range(config.epochs):
-        order = torch.randperm(size, generator=generator) if config.shuffle else torch.arange(size)
-        for micro_batches in _micro_batches(size, mini, config.micro_batch_size, order):
-            for index in micro_batches:
-                batch = traj[index.to(traj.device)]
-                for k in range(window):
-                    loss, metrics = objective(batch, k)
-                    (loss.mean() * (len(index) / mini / window)).backward()
-                    add("loss", loss)
-                    for name, value in metrics.items():
-                        add(name, value)
-                    bar.update()
-            grad_norm, skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm)
-            add("grad_norm", grad_norm)
-            add("skipped_updates", skipped * 1.0)
-    bar.close()
-    out = {name: sums[name] / counts[name] for name in sums}
-    out["skipped_updates"] = sums["skipped_updates"]  # a count, not a mean
-    return out
-
-
-@torch.no_grad()
-def infer(fn: Callable[[Trajectory, int], torch.Tensor], traj: Trajectory, micro_batch_size: int) -> torch.Tensor:
-    """Forward-only pass over micro-batches x window steps; fn(batch, k) -> (b, ...) outputs.
-
-    Returns the complete outputs stacked as (B, W, ...) in the trajectory's sample order.
-    """
-    chunks = []
-    for lo in range(0, traj.batch_size[0], micro_batch_size):
-        batch = traj[lo : lo + micro_batch_size]
-        chunks.append(torch.stack([fn(batch, k) for k in range(traj.window)], dim=1))
-    return torch.cat(chunks)
+    old = "old_log_probs" if algorithm.old_log_probs == "recompute" else "log_probs"
+    return Objective(fn, resident=("cond", "uncond", "advantages"), per_step={**FLOW_STEP, "old_log_prob": (old, 0)})

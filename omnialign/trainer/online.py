@@ -10,7 +10,7 @@ from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.config import Config
 from omnialign.data.prompts import load_prompts, prompts_for_step
-from omnialign.engine import checkpoint
+from omnialign.engine import checkpoint, dist
 from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer, diversity, plot_curves, read_metrics, save_grid, to_host
 from omnialign.models.base import DiffusionPolicy
@@ -43,31 +43,40 @@ class OnlineTrainer:
         self.progress = config.trainer.progress and world.is_main
 
     def train_step(self, step: int) -> dict[str, torch.Tensor]:
-        c, device, phase = self.config, self.world.device, self.timer.phase
+        c, device, phase, rank = self.config, self.world.device, self.timer.phase, self.world.rank
         with phase("rollout"):
+            per_rank = c.data.prompts_per_step // self.world.size  # whole groups per rank
             index = prompts_for_step(self.prompts, c.data.prompts_per_step, c.seed, step)
-            prompts = [self.prompts[i] for i in index for _ in range(c.rollout.n)]
-            group = torch.arange(len(index)).repeat_interleave(c.rollout.n)
-            traj, images = generate(self.policy, prompts, group, sample_seeds(c.seed, step, len(prompts)),
-                                    c.rollout, device, self.progress)  # fmt: skip
+            mine = slice(rank * per_rank, (rank + 1) * per_rank)
+            prompts = [self.prompts[i] for i in index[mine] for _ in range(c.rollout.n)]
+            group = torch.arange(mine.start, mine.stop).repeat_interleave(c.rollout.n)
+            seeds = sample_seeds(c.seed, step, c.data.prompts_per_step * c.rollout.n)
+            seeds = seeds[mine.start * c.rollout.n : mine.stop * c.rollout.n]
+            traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress)
         with phase("reward"):
             reward, parts = self.score(images, prompts)
         with phase("advantage"):
-            advantages, adv_metrics = group_relative(reward, group, c.algorithm.global_std, c.algorithm.norm_by_std)
-            traj.rewards, traj.advantages = reward.to(device), advantages.to(device)
+            all_rewards = dist.all_gather(reward.to(device))
+            advantages, adv_metrics = group_relative(
+                all_rewards, dist.all_gather(group.to(device)), c.algorithm.global_std, c.algorithm.norm_by_std
+            )
+            traj.rewards, traj.advantages = reward.to(device), advantages[rank * len(reward) : (rank + 1) * len(reward)]
+        if c.actor.timestep_staging:
+            traj = traj.cpu()
         metrics = {}
         if c.algorithm.old_log_probs == "recompute":
             with phase("old_log_probs"):
-                score = lambda batch, k: actor.replay(self.policy, batch, k, c.rollout).log_prob  # noqa: E731
-                traj.old_log_probs = actor.infer(score, traj, c.actor.micro_batch_size)
+                old = actor.infer(actor.log_prob_objective(self.policy, c.rollout), traj, c.actor.micro_batch_size,
+                                  device, c.actor.timestep_staging, c.actor.prefetch)  # fmt: skip
+                traj.old_log_probs = old["log_prob"].to(traj.device)
                 metrics["actor/rollout_logprob_gap"] = (traj.old_log_probs - traj.log_probs).abs().mean()
         with phase("update"):
             update = actor.update(self.objective, traj, self.params, self.optimizer, self.scheduler, c.actor,
-                                  seed=c.seed * 1_000_003 + step, progress=self.progress)  # fmt: skip
-        metrics.update({f"actor/{k}": v for k, v in update.items()})
+                                  seed=c.seed * 1_000_003 + step, device=device, progress=self.progress)  # fmt: skip
+        metrics.update({f"actor/{k}": v for k, v in update.metrics.items()})
         metrics.update({f"reward/{k}": v.mean() for k, v in parts.items() if len(parts) > 1})
         metrics.update({
-            "reward/mean": reward.mean(), "reward/std": reward.std(),
+            "reward/mean": all_rewards.mean(), "reward/std": all_rewards.std(),
             "reward/zero_std_ratio": adv_metrics["zero_std_ratio"], "reward/group_std": adv_metrics["group_std"],
             "rollout/diversity": diversity(images, group.to(images.device)),
             "actor/lr": torch.tensor(self.scheduler.get_last_lr()[0]),
@@ -87,15 +96,21 @@ class OnlineTrainer:
 
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, torch.Tensor]:
-        """ODE samples of every validation prompt x `data.val_seeds` fixed seeds; writes the grid."""
-        c = self.config
+        """ODE samples of every validation prompt x `data.val_seeds` fixed seeds, shared out over
+        the ranks and gathered; writes the grid."""
+        c, world = self.config, self.world
         n = c.data.val_seeds
         prompts = [p for p in self.val_prompts for _ in range(n)]
-        images = generate_ode(self.policy, prompts, torch.arange(len(prompts)) + VAL_SEED, c.rollout,
-                              self.world.device)  # fmt: skip
-        reward, _ = self.score(images, prompts)
+        share = -(-len(prompts) // world.size)  # padded so that every rank has the same count
+        padded = prompts + prompts[-1:] * (share * world.size - len(prompts))
+        mine = slice(world.rank * share, (world.rank + 1) * share)
+        seeds = torch.arange(len(padded)) + VAL_SEED
+        images = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device)
+        reward, _ = self.score(images, padded[mine])
+        images = dist.all_gather(images)[: len(prompts)]
+        reward = dist.all_gather(reward.to(world.device))[: len(prompts)]
         group = torch.arange(len(self.val_prompts)).repeat_interleave(n)
-        if self.world.is_main:
+        if world.is_main:
             captions = [f"{p} {r:.2f}" for p, r in zip(prompts, reward.tolist())]
             save_grid(images, captions, n, self.run_dir / "samples" / f"step_{step:06d}.png")
         return {"val/reward/mean": reward.mean(), "val/reward/std": reward.std(),
@@ -130,7 +145,7 @@ class OnlineTrainer:
         return self.finish()
 
     def record(self, step: int, metrics: dict[str, torch.Tensor]) -> None:
-        values = to_host({**metrics, **self.timer.pop()})
+        values = to_host({**metrics, **self.timer.pop()}, reduce=dist.mean_across, device=self.world.device)
         if self.log:
             self.log.log(step, values, echo=tqdm.write)
             if "val/reward/mean" in values:

@@ -1,0 +1,54 @@
+"""FSDP2 applied from outside: `fully_shard` per block, then the root; mixed precision, activation
+checkpointing and CPU offload. World size 1 takes the same path with a mesh of one device.
+"""
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint
+
+from omnialign.engine.dist import World
+
+
+def mesh(world: World) -> DeviceMesh:
+    return init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("dp",))
+
+
+def checkpoint_activations(block: nn.Module) -> None:
+    """Recompute the block's activations in backward instead of storing them (names unchanged)."""
+    forward = block.forward
+
+    def checkpointed(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    block.forward = checkpointed
+
+
+def shard(
+    module: nn.Module,
+    blocks: list[nn.Module],
+    device_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """Shard `module` in place: each of `blocks` is one FSDP unit, the rest of `module` the root unit.
+
+    Parameters keep their stored dtype (fp32 master weights for trained ones); compute runs in
+    `param_dtype` and gradients are reduced in fp32. With `cpu_offload`, sharded parameters,
+    gradients and optimizer states live in host memory; otherwise they move to the mesh's device.
+    """
+    mixed = MixedPrecisionPolicy(
+        param_dtype=None if param_dtype == torch.float32 else param_dtype, reduce_dtype=torch.float32
+    )
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    for block in blocks:
+        if activation_checkpointing:
+            checkpoint_activations(block)
+        fully_shard(block, mesh=device_mesh, mp_policy=mixed, offload_policy=offload,
+                    reshard_after_forward=reshard_after_forward)  # fmt: skip
+    fully_shard(module, mesh=device_mesh, mp_policy=mixed, offload_policy=offload,
+                reshard_after_forward=reshard_after_forward)  # fmt: skip
+    return module

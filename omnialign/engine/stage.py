@@ -1,0 +1,49 @@
+"""Host-to-device staging of trajectory inputs, with an optional prefetch on a side stream.
+
+`Stager.resident` copies a micro-batch's per-sample fields once; `Stager.steps` yields each
+step's inputs on the device just in time. With `prefetch` (CUDA only), step k+1's inputs are
+made contiguous, pinned and copied on a side stream while step k computes; the consumer's
+stream waits for the copy before use and the memory is released when the consumer drops it.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class Stager:
+    def __init__(self, device: torch.device, prefetch: bool = False):
+        self.device = device
+        self.prefetch = prefetch and device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.prefetch else None
+
+    def copy(self, name: str, value: Any) -> Any:
+        """One field to the device (tensors and TensorDicts; None passes through)."""
+        if value is None:
+            return None
+        if self.prefetch:
+            return value.contiguous().pin_memory().to(self.device, non_blocking=True)
+        return value.to(self.device)
+
+    def resident(self, fields: dict[str, Any]) -> dict[str, Any]:
+        return {name: self.copy(name, value) for name, value in fields.items()}
+
+    def steps(self, per_step: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        if not self.prefetch:
+            for inputs in per_step:
+                yield {name: self.copy(name, value) for name, value in inputs.items()}
+            return
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            ahead = {name: self.copy(name, value) for name, value in per_step[0].items()}
+        for k in range(len(per_step)):
+            compute.wait_stream(self.stream)
+            current, ahead = ahead, None
+            for value in current.values():
+                value.record_stream(compute)  # memory made on the side stream, used on this one
+            if k + 1 < len(per_step):
+                with torch.cuda.stream(self.stream):
+                    ahead = {name: self.copy(name, value) for name, value in per_step[k + 1].items()}
+            yield current
+            del current

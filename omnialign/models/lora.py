@@ -1,0 +1,79 @@
+"""peft LoRA on any network, with named adapters and the reference (adapters off) context.
+
+`apply_lora` injects a `default` adapter (trainable) into the network in place, so the module
+keeps its class and its forward. Algorithms that need an old policy add an `old` adapter
+(`add_adapter`, frozen), run under `use_adapter(module, "old")` and refresh it by copy or EMA
+(`blend_adapter`). `adapters_disabled` runs the base network: the reference policy.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+
+def apply_lora(module: nn.Module, rank: int, alpha: float, targets: list[str]) -> LoraConfig:
+    """Inject a trainable `default` LoRA adapter into `targets`; freezes every other parameter."""
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=True)
+    module.requires_grad_(False)
+    inject_adapter_in_model(config, module, adapter_name="default")
+    if not lora_layers(module):
+        raise ValueError(f"model.lora.targets={targets} matched no module of {type(module).__name__}")
+    for name, p in module.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()  # trained parameters keep fp32 master weights
+    return config
+
+
+def lora_layers(module: nn.Module) -> list[LoraLayer]:
+    return [m for m in module.modules() if isinstance(m, LoraLayer)]
+
+
+def add_adapter(module: nn.Module, name: str, config: LoraConfig) -> None:
+    """A second, frozen adapter with the same shape as `default`, initialised as a copy of it."""
+    inject_adapter_in_model(config, module, adapter_name=name)
+    for layer in lora_layers(module):
+        layer.set_adapter("default")  # peft marks the active adapter trainable, the others frozen
+    blend_adapter(module, name, decay=0.0)
+
+
+@torch.no_grad()
+def blend_adapter(module: nn.Module, name: str, decay: float) -> None:
+    """adapter `name` <- decay * itself + (1 - decay) * default; decay 0 copies default."""
+    for layer in lora_layers(module):
+        for table in (layer.lora_A, layer.lora_B):
+            table[name].weight.lerp_(table["default"].weight.to(table[name].weight.dtype), 1.0 - decay)
+
+
+@contextmanager
+def use_adapter(module: nn.Module, name: str) -> Iterator[None]:
+    """Compute with adapter `name` instead of `default` (for forward-only passes)."""
+    layers = lora_layers(module)
+    for layer in layers:
+        layer.set_adapter(name)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.set_adapter("default")
+
+
+@contextmanager
+def adapters_disabled(module: nn.Module) -> Iterator[None]:
+    """Compute with the base network only: the reference policy of LoRA training."""
+    layers = lora_layers(module)
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def adapter_state_dict(module: nn.Module, name: str = "default") -> dict[str, torch.Tensor]:
+    """The adapter's weights in PEFT's layout (keys without the adapter name)."""
+    return get_peft_model_state_dict(module, adapter_name=name)
