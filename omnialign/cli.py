@@ -4,6 +4,9 @@ omnialign train                              # the default recipe (glyphs), on a
 omnialign train --list                       # the recipes, one line each
 omnialign train glyphs trainer.total_steps=40 rollout.n=8 --show
 omnialign train glyphs --resume auto         # continue from the newest checkpoint
+torchrun --nproc-per-node 4 -m omnialign train RECIPE   # FSDP2 over 4 processes
+omnialign export runs/glyphs/checkpoints/step_000200 --to out/   # PEFT/diffusers adapter or full model
+omnialign serve-reward ocr --port 8000       # a reward over HTTP (docs/rewards.md)
 omnialign prepare glyphs                     # retrain the shipped glyphs base model and OCR
 """
 
@@ -40,7 +43,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     from omnialign.trainer.pretrain_glyphs import PretrainConfig, prepare_glyphs
 
     config = PretrainConfig()
-    for key in ("out", "seed", "recognizer_steps", "generator_steps", "target_reward"):
+    for key in ("out", "seed", "recognizer_steps", "clean_steps", "noisy_steps", "label_noise"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
     prepare_glyphs(config)
@@ -67,6 +70,12 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
         raise SystemExit(f"serve-reward: {e}") from None
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from omnialign.export import export
+
+    print(f"exported to {export(args.checkpoint, args.to)}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnialign", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -77,13 +86,18 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--show", action="store_true", help="print the resolved config with each field's doc and exit")
     t.add_argument("--resume", metavar="auto|CHECKPOINT", help="continue from the newest checkpoint or a given one")
     t.set_defaults(fn=cmd_train)
+    ex = sub.add_parser("export", help="write a checkpoint as a PEFT/diffusers adapter or a full model")
+    ex.add_argument("checkpoint", help="a runs/NAME/checkpoints/step_XXXXXX folder")
+    ex.add_argument("--to", required=True, help="output folder")
+    ex.set_defaults(fn=cmd_export)
     pr = sub.add_parser("prepare", help="build data or pretrained assets")
     pr.add_argument("what", choices=["glyphs"], help="glyphs: pretrain the glyphs base generator and recognizer")
     pr.add_argument("--out", help="output folder (default: the package's shipped assets)")
     pr.add_argument("--seed", type=int)
     pr.add_argument("--recognizer-steps", type=int)
-    pr.add_argument("--generator-steps", type=int)
-    pr.add_argument("--target-reward", type=float)
+    pr.add_argument("--clean-steps", type=int)
+    pr.add_argument("--noisy-steps", type=int)
+    pr.add_argument("--label-noise", type=float)
     pr.set_defaults(fn=cmd_prepare)
     sr = sub.add_parser("serve-reward", help="serve a reward over HTTP (docs/rewards.md)")
     sr.add_argument("reward", help="a key of omnialign.rewards.REWARDS, or path/to/file.py:function")

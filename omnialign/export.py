@@ -6,7 +6,8 @@ LoRA runs become an adapter folder that both ecosystems load directly:
 - `adapter_config.json` + `adapter_model.safetensors` (PEFT layout):
   `PeftModel.from_pretrained(base_network, DIR)`;
 - `pytorch_lora_weights.safetensors` (diffusers layout, with the LoRA config in its metadata):
-  `pipeline.load_lora_weights(DIR)` or `network.load_lora_adapter(DIR, prefix="transformer")`.
+  `pipeline.load_lora_weights(DIR)`, or on the network alone
+  `network.load_lora_adapter(DIR, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")`.
 Full fine-tuning runs become the network's own `save_pretrained` folder.
 """
 
@@ -44,21 +45,17 @@ def load_trained_network(checkpoint_dir: Path) -> tuple[Config, torch.nn.Module,
     spec = config.model.lora
     if spec.rank > 0:
         lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets)
-    options = StateDictOptions(ignore_frozen_params=True)
+    options = StateDictOptions(ignore_frozen_params=True, strict=False)
     state = {"model": get_model_state_dict(net, options=options)}
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)
     set_model_state_dict(net, state["model"], options=options)
     return config, net, lora_config
 
 
-def export(checkpoint_dir: Path, out_dir: Path) -> Path:
-    """Write the adapter (LoRA runs) or the full network (full fine-tuning) of a checkpoint to out_dir."""
-    config, net, lora_config = load_trained_network(checkpoint_dir)
+def write_adapter(net: torch.nn.Module, lora_config: "lora.LoraConfig", out_dir: Path) -> Path:
+    """The `default` adapter of `net` in the PEFT layout and the diffusers layout (see the module doc)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if lora_config is None:
-        net.save_pretrained(out_dir)
-        return out_dir
     weights = {k: v.contiguous() for k, v in lora.adapter_state_dict(net).items()}
     lora_config.save_pretrained(out_dir)
     save_file({f"base_model.model.{k}": v for k, v in weights.items()}, out_dir / "adapter_model.safetensors")
@@ -66,3 +63,12 @@ def export(checkpoint_dir: Path, out_dir: Path) -> Path:
     save_file({f"transformer.{k}": v for k, v in weights.items()}, out_dir / "pytorch_lora_weights.safetensors",
               metadata={"format": "pt", "lora_adapter_metadata": json.dumps(meta, sort_keys=True)})  # fmt: skip
     return out_dir
+
+
+def export(checkpoint_dir: Path, out_dir: Path) -> Path:
+    """Write the adapter (LoRA runs) or the full network (full fine-tuning) of a checkpoint to out_dir."""
+    _, net, lora_config = load_trained_network(checkpoint_dir)
+    if lora_config is None:
+        net.save_pretrained(out_dir)
+        return Path(out_dir)
+    return write_adapter(net, lora_config, out_dir)

@@ -92,6 +92,12 @@ def main(config: Config, resume: str | None = None) -> dict:
             f"data.prompts_per_step={config.data.prompts_per_step} must be a multiple of the world size "
             f"{world.size}: prompt groups are never split across ranks"
         )
+    mini = config.actor.mini_batch_size
+    if mini and (mini % world.size or (mini // world.size) % config.actor.micro_batch_size):
+        raise ConfigError(
+            f"actor.mini_batch_size={mini} must split into world size {world.size} equal shares, each a multiple "
+            f"of actor.micro_batch_size={config.actor.micro_batch_size} (samples per device)"
+        )
     dist.seed_everything(config.seed)
     run_dir = Path(config.trainer.output_dir) / config.name
     resume_path = resolve_resume(run_dir, resume)

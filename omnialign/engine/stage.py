@@ -6,7 +6,7 @@ made contiguous, pinned and copied on a side stream while step k computes; the c
 stream waits for the copy before use and the memory is released when the consumer drops it.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,21 +29,22 @@ class Stager:
     def resident(self, fields: dict[str, Any]) -> dict[str, Any]:
         return {name: self.copy(name, value) for name, value in fields.items()}
 
-    def steps(self, per_step: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    def steps(self, count: int, inputs_of: Callable[[int], dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The inputs of steps 0..count-1 on the device; `inputs_of(k)` gives step k's host tensors."""
         if not self.prefetch:
-            for inputs in per_step:
-                yield {name: self.copy(name, value) for name, value in inputs.items()}
+            for k in range(count):
+                yield {name: self.copy(name, value) for name, value in inputs_of(k).items()}
             return
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.stream):
-            ahead = {name: self.copy(name, value) for name, value in per_step[0].items()}
-        for k in range(len(per_step)):
+            ahead = {name: self.copy(name, value) for name, value in inputs_of(0).items()}
+        for k in range(count):
             compute.wait_stream(self.stream)
             current, ahead = ahead, None
             for value in current.values():
                 value.record_stream(compute)  # memory made on the side stream, used on this one
-            if k + 1 < len(per_step):
+            if k + 1 < count:
                 with torch.cuda.stream(self.stream):
-                    ahead = {name: self.copy(name, value) for name, value in per_step[k + 1].items()}
+                    ahead = {name: self.copy(name, value) for name, value in inputs_of(k + 1).items()}
             yield current
             del current

@@ -6,6 +6,7 @@ keeps its class and its forward. Algorithms that need an old policy add an `old`
 (`blend_adapter`). `adapters_disabled` runs the base network: the reference policy.
 """
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,9 +20,13 @@ def apply_lora(module: nn.Module, rank: int, alpha: float, targets: list[str]) -
     """Inject a trainable `default` LoRA adapter into `targets`; freezes every other parameter."""
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=True)
     module.requires_grad_(False)
-    inject_adapter_in_model(config, module, adapter_name="default")
-    if not lora_layers(module):
-        raise ValueError(f"model.lora.targets={targets} matched no module of {type(module).__name__}")
+    try:
+        inject_adapter_in_model(config, module, adapter_name="default")
+    except ValueError as e:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in module.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"model.lora.targets={targets} matched no module ({e}); linear layers are named {linear}"
+        ) from None
     for name, p in module.named_parameters():
         if "lora_" in name:
             p.data = p.data.float()  # trained parameters keep fp32 master weights
@@ -34,7 +39,9 @@ def lora_layers(module: nn.Module) -> list[LoraLayer]:
 
 def add_adapter(module: nn.Module, name: str, config: LoraConfig) -> None:
     """A second, frozen adapter with the same shape as `default`, initialised as a copy of it."""
-    inject_adapter_in_model(config, module, adapter_name=name)
+    with warnings.catch_warnings():  # a second adapter is intended here
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        inject_adapter_in_model(config, module, adapter_name=name)
     for layer in lora_layers(module):
         layer.set_adapter("default")  # peft marks the active adapter trainable, the others frozen
     blend_adapter(module, name, decay=0.0)

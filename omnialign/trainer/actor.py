@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -82,9 +83,11 @@ def validate_batch(batch: Any, objective: Objective, stage: bool) -> int:
             value = getattr(batch, name)
             if value is None:
                 continue
-            if value.device.type != "cpu":
-                raise ValueError(f"timestep staging needs the batch on the host; field {name!r} is on {value.device}")
-            leaves = value.values(True, True) if isinstance(value, TensorDictBase) else [value]
+            leaves = list(value.values(True, True)) if isinstance(value, TensorDictBase) else [value]
+            if any(t.device.type != "cpu" for t in leaves):
+                raise ValueError(
+                    f"timestep staging needs the batch on the host; field {name!r} is on {leaves[0].device}"
+                )
             if any(t.requires_grad for t in leaves):
                 raise ValueError(f"timestep staging: batch field {name!r} requires grad; detach it first")
     return steps
@@ -117,7 +120,7 @@ def _run(
                 step_fn({**resident, **_step_inputs(micro, objective, k)}, k)
         else:
             resident = stager.resident(resident)
-            for k, inputs in enumerate(stager.steps([_step_inputs(micro, objective, k) for k in range(steps)])):
+            for k, inputs in enumerate(stager.steps(steps, partial(_step_inputs, micro, objective))):
                 step_fn({**resident, **inputs}, k)
                 del inputs
         after_micro_batch(index)

@@ -1,5 +1,6 @@
 """The online RL loop (FlowGRPO): each step is a flat list of named, timed phases."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -34,6 +35,9 @@ class OnlineTrainer:
         sync=lambda: None,
     ):
         self.config, self.policy, self.params = config, policy, params
+        # the optimizer steps on a global mini-batch: each rank contributes its share of it
+        local_mini = config.actor.mini_batch_size and config.actor.mini_batch_size // world.size
+        self.actor_config = dataclasses.replace(config.actor, mini_batch_size=local_mini)
         self.optimizer, self.scheduler, self.objective = optimizer, scheduler, objective
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts = load_prompts(config.data.prompts)
@@ -71,7 +75,7 @@ class OnlineTrainer:
                 traj.old_log_probs = old["log_prob"].to(traj.device)
                 metrics["actor/rollout_logprob_gap"] = (traj.old_log_probs - traj.log_probs).abs().mean()
         with phase("update"):
-            update = actor.update(self.objective, traj, self.params, self.optimizer, self.scheduler, c.actor,
+            update = actor.update(self.objective, traj, self.params, self.optimizer, self.scheduler, self.actor_config,
                                   seed=c.seed * 1_000_003 + step, device=device, progress=self.progress)  # fmt: skip
         metrics.update({f"actor/{k}": v for k, v in update.metrics.items()})
         metrics.update({f"reward/{k}": v.mean() for k, v in parts.items() if len(parts) > 1})

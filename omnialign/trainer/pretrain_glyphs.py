@@ -36,16 +36,22 @@ class PretrainConfig:
     """Seed of every draw (renders, noise, initial weights)."""
     recognizer_steps: int = 800
     """Optimizer steps of the recognizer (batch 128)."""
-    generator_steps: int = 1500
-    """At most this many optimizer steps of the generator (batch 128)."""
-    label_noise: float = 0.5
-    """Share of the generator's training images whose prompt is replaced by a random one."""
+    clean_steps: int = 1200
+    """Generator steps on correctly labelled glyphs (batch 128, one-cycle learning rate)."""
+    noisy_steps: int = 300
+    """Then steps with `label_noise` of the prompts replaced by random ones, at `noisy_lr`."""
+    label_noise: float = 0.6
+    """Share of prompts replaced in the second phase: the base follows its prompt only partly."""
+    lr: float = 1e-3
+    """Peak learning rate of the first phase."""
+    noisy_lr: float = 2e-4
+    """Constant learning rate of the second phase."""
     ema: float = 0.995
     """Decay of the exponential moving average of the generator's weights (what ships)."""
-    target_reward: float | None = None
-    """Stop the generator early once its ODE validation reward reaches this (None: never)."""
     eval_every: int = 100
-    """Evaluate the generator every this many steps."""
+    """Evaluate the generator's ODE reward every this many steps."""
+    snapshots: str | None = None
+    """Also save the EMA generator at every evaluation under this folder (for choosing settings)."""
     prompt_set: str = "digits"
     """Prompts the generator learns (see `omnialign.data.glyphs.PROMPT_SETS`)."""
 
@@ -145,24 +151,29 @@ def ode_reward(
 
 
 def train_generator(config: PretrainConfig, recognizer: Recognizer) -> tuple[GlyphsPolicy, list[dict]]:
+    """Phase 1 learns clean glyphs (one-cycle learning rate); phase 2 continues at a small constant
+    rate with `label_noise` of the prompts replaced, which weakens prompt following but keeps the
+    glyphs clean. The EMA of the weights is what ships."""
     torch.manual_seed(config.seed)
     policy = GlyphsPolicy(tiny_transformer(), CharEncoder())
     ema = GlyphsPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
-    modules = [policy.transformer, policy.text_encoder]
-    params = [p for m in modules for p in m.parameters()]
+    params = [p for m in (policy.transformer, policy.text_encoder) for p in m.parameters()]
     ema_params = [p for m in (ema.transformer, ema.text_encoder) for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=config.generator_steps, pct_start=0.05)
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=config.clean_steps, pct_start=0.05)
     prompts = PROMPT_SETS[config.prompt_set]
     g = torch.Generator().manual_seed(config.seed + 1)
     history = []
-    bar = tqdm(range(1, config.generator_steps + 1), desc="generator", dynamic_ncols=True)
+    total = config.clean_steps + config.noisy_steps
+    bar = tqdm(range(1, total + 1), desc="generator", dynamic_ncols=True)
     for step in bar:
+        noisy = step > config.clean_steps
         texts = [prompts[i] for i in torch.randint(0, len(prompts), (128,), generator=g)]
         x0 = render(texts, seed=config.seed * 7919 + step)
-        shown = [prompts[i] for i in torch.randint(0, len(prompts), (128,), generator=g)]
-        mislabel = (torch.rand(128, generator=g) < config.label_noise).tolist()
-        texts = [s if bad else t for t, s, bad in zip(texts, shown, mislabel)]
+        if noisy:
+            shown = [prompts[i] for i in torch.randint(0, len(prompts), (128,), generator=g)]
+            mislabel = (torch.rand(128, generator=g) < config.label_noise).tolist()
+            texts = [s if bad else t for t, s, bad in zip(texts, shown, mislabel)]
         texts = [t if keep else "" for t, keep in zip(texts, (torch.rand(128, generator=g) > 0.1).tolist())]
         noise = torch.randn(x0.shape, generator=g)
         sigma = torch.sigmoid(torch.randn(128, generator=g))  # logit-normal
@@ -173,16 +184,22 @@ def train_generator(config: PretrainConfig, recognizer: Recognizer) -> tuple[Gly
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
+        if noisy:
+            for group in opt.param_groups:
+                group["lr"] = config.noisy_lr
+        else:
+            sched.step()
         with torch.no_grad():
             torch._foreach_lerp_(ema_params, params, 1 - config.ema)
         bar.set_postfix(loss=f"{loss.item():.4f}")
-        if step % config.eval_every == 0 or step == config.generator_steps:
+        if step % config.eval_every == 0 or step == total:
             reward = ode_reward(ema, recognizer, prompts, seeds=list(range(1000, 1008)))
-            history.append({"step": step, "loss": loss.item(), "ode_reward": reward})
-            bar.write(f"generator step {step}: loss {loss.item():.4f} ODE reward (EMA) {reward:.3f}")
-            if config.target_reward is not None and reward >= config.target_reward:
-                break
+            history.append({"step": step, "phase": "noisy" if noisy else "clean", "loss": loss.item(),
+                            "ode_reward": reward})  # fmt: skip
+            bar.write(f"generator step {step} ({history[-1]['phase']}): loss {loss.item():.4f} ODE reward {reward:.3f}")
+            if config.snapshots:
+                ema.transformer.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "transformer")
+                ema.text_encoder.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "text_encoder")
     ema.text_encoder.requires_grad_(False).eval()
     return ema, history
 
