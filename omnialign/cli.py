@@ -76,6 +76,12 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"exported to {export(args.checkpoint, args.to)}")
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from omnialign.bench import main
+
+    main(args.name, args.windows, args.modes, args.tiny, args.out)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnialign", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -86,6 +92,13 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--show", action="store_true", help="print the resolved config with each field's doc and exit")
     t.add_argument("--resume", metavar="auto|CHECKPOINT", help="continue from the newest checkpoint or a given one")
     t.set_defaults(fn=cmd_train)
+    be = sub.add_parser("bench", help="speed and memory benchmarks (results go to BENCHMARKS.md)")
+    be.add_argument("name", choices=["staging"])
+    be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
+    be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"])
+    be.add_argument("--tiny", action="store_true", help="a tiny config, to check the benchmark itself on a CPU")
+    be.add_argument("--out", help="write the rows as JSON here")
+    be.set_defaults(fn=cmd_bench)
     ex = sub.add_parser("export", help="write a checkpoint as a PEFT/diffusers adapter or a full model")
     ex.add_argument("checkpoint", help="a runs/NAME/checkpoints/step_XXXXXX folder")
     ex.add_argument("--to", required=True, help="output folder")

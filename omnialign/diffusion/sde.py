@@ -122,3 +122,8 @@ def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> tor
 def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """The flow-matching regression target v = noise - x0."""
     return noise.float() - x0.float()
+
+
+def logit_normal(n: int, generator: torch.Generator, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+    """n sigmas from the logit-normal density sigmoid(N(mean, std^2)), float32."""
+    return torch.sigmoid(torch.randn(n, generator=generator) * std + mean)

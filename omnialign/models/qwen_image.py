@@ -77,7 +77,7 @@ class QwenImagePolicy:
         self.vae_scale_factor = 2 ** len(vae.config.temperal_downsample)
 
     def to(self, device: torch.device) -> "QwenImagePolicy":
-        for module in (self.transformer, self.vae, self.text_encoder):
+        for module in (self.vae, self.text_encoder):  # the engine places the transformer
             module.to(device)
         return self
 

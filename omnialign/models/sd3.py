@@ -62,7 +62,7 @@ class SD3Policy:
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
 
     def to(self, device: torch.device) -> "SD3Policy":
-        for module in (self.transformer, self.vae, *self.text_encoders):
+        for module in (self.vae, *self.text_encoders):  # the engine places the transformer
             module.to(device)
         return self
 

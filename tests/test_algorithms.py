@@ -1,0 +1,147 @@
+"""The algorithm family's pure losses against hand-computed values (ALGORITHMS.md sections 4-7)."""
+
+import math
+
+import pytest
+import torch
+
+from omnialign.algorithms import distill, nft, preference
+from omnialign.algorithms.policy_gradient import aggregate, dppo, dual_clip, grpo_guard, gspo, kl_estimate, ppo_clip
+
+
+def t(*values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_dual_clip_caps_negative_advantages_only():
+    loss, _ = ppo_clip(t(math.log(5.0), math.log(5.0)), t(0, 0), t(-1, 1), 0.2, 0.2)
+    torch.testing.assert_close(loss, t(5.0, -1.2))
+    torch.testing.assert_close(dual_clip(loss, t(-1, 1), 3.0), t(3.0, -1.2))
+
+
+def test_grpo_guard_hand_values():
+    mean = torch.stack([torch.full((4,), 0.1), torch.zeros(4)])
+    loss, _ = grpo_guard(t(0.02, -0.04), t(0, 0), t(1, -1), mean, torch.zeros(2, 4), std=t(0.25, 0.25),
+                         sqrt_neg_dt=t(0.5, 0.5), clip_low=0.05, clip_high=0.05)  # fmt: skip
+    # s = .5 * .5; b = (.01, 0) / (2 s^2) = (.08, 0); rho = exp((.02 + .08) s, -.04 s); / mean(sqrt(-dt))^2
+    rho = t(math.exp(0.1 * 0.25), math.exp(-0.04 * 0.25))
+    torch.testing.assert_close(loss, t(-1.0, 1.0) * rho / 0.25)
+
+
+def test_dppo_masks_only_moves_away_outside_the_trust_region():
+    far = torch.ones(4, 2)  # D = mean(1)/2 = .5 >= tau
+    near = torch.zeros(4, 2)  # D = 0
+    log_ratio = t(0.1, -0.1, -0.1, 0.1)
+    adv = t(1.0, 1.0, -1.0, 1.0)
+    mean = torch.cat([far[:3], near[3:]])
+    loss, m = dppo(log_ratio, torch.zeros(4), adv, mean, torch.zeros(4, 2), std=torch.ones(4), tau=0.01)
+    rho = log_ratio.exp()
+    # A>0, rho>1, far: masked; A>0, rho<1 (corrective): kept; A<0, rho<1, far: masked; near: kept
+    torch.testing.assert_close(loss, t(0.0, -rho[1].item(), 0.0, -rho[3].item()))
+    torch.testing.assert_close(m["masked"], t(1, 0, 1, 0))
+    adv_big = t(10.0, 10.0, -10.0, 10.0)  # advantages are not clipped
+    loss, _ = dppo(log_ratio, torch.zeros(4), adv_big, mean, torch.zeros(4, 2), std=torch.ones(4), tau=0.01)
+    assert loss[1].item() == pytest.approx(-10 * rho[1].item())
+
+
+def test_gspo_sequence_ratio_and_gradient():
+    logp = t(0.1, 0.3).reshape(1, 2).requires_grad_(True)
+    loss, m = gspo(logp, torch.zeros(1, 2), t(1.0), torch.ones(1, 2), 0.3, 0.3)
+    s = math.exp(0.2)
+    torch.testing.assert_close(loss, torch.full((1, 2), -s))
+    aggregate(loss, torch.ones(1, 2), "seq-mean-token-mean").backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, 2), -s / 2))
+    # masked tokens do not enter the sequence ratio
+    _, m = gspo(t(0.1, 5.0).reshape(1, 2), torch.zeros(1, 2), t(1.0), t(1, 0).reshape(1, 2), 0.3, 0.3)
+    assert m["ratio"].item() == pytest.approx(math.exp(0.1))
+
+
+def test_aggregation_modes():
+    loss, mask = t(1, 2, 3, 4, 0, 0).reshape(2, 3), t(1, 1, 1, 1, 0, 0).reshape(2, 3)
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(2.5)
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    assert aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx(5.0)
+    assert aggregate(loss, mask, "seq-mean-token-sum", length_norm=4).item() == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="token-mean"):
+        aggregate(loss, mask, "mean")
+
+
+def test_kl_estimators():
+    assert kl_estimate(t(-1.0), t(-2.0), "k1").item() == pytest.approx(1.0)
+    assert kl_estimate(t(-1.0), t(-2.0), "k3").item() == pytest.approx(math.exp(-1) + 1 - 1)
+    assert kl_estimate(t(-1.0), t(-1.0), "k3").item() == 0.0
+
+
+def test_nft_optimality_probability():
+    torch.testing.assert_close(nft.optimality(t(-10.0, 0.0, 2.5)), t(0.0, 0.5, 0.75))
+
+
+def one(v):
+    return torch.full((1, 1), v)
+
+
+def test_nft_loss_hand_values():
+    # v+ = 1.5, v- = .5; x0+ = .25, x0- = .75; w = .25, .75; pos = .25, neg = .75
+    loss, _ = nft.nft_loss(one(0.0), one(1.0), t(0.5), one(2.0), one(1.0), t(0.75), beta=0.5)
+    assert loss.item() == pytest.approx(5 * (0.75 * 0.25 + 0.25 * 0.75) / 0.5)
+    # beta = 1: v+ = v (x0+ = 0 exactly, w+ clamped at 1e-5 -> 0), v- = 2 v_old - v (x0- = 1)
+    loss, _ = nft.nft_loss(one(0.0), one(1.0), t(0.5), one(2.0), one(1.0), t(0.75), beta=1.0)
+    assert loss.item() == pytest.approx(5 * 0.25 * 1.0)
+    # reference KL
+    loss_kl, m = nft.nft_loss(one(0.0), one(1.0), t(0.5), one(2.0), one(1.0), t(0.75), beta=1.0,
+                              v_ref=one(1.0), kappa=0.1)  # fmt: skip
+    assert loss_kl.item() == pytest.approx(1.25 + 0.1 * 1.0) and m["kl"].item() == 1.0
+
+
+def test_nft_small_beta_stays_finite():
+    v = torch.randn(3, 8, requires_grad=True)
+    loss, _ = nft.nft_loss(torch.randn(3, 8), torch.randn(3, 8), t(0.2, 0.5, 0.9), v, v.detach() + 0.01,
+                           t(0.1, 0.5, 0.9), beta=1e-4)  # fmt: skip
+    loss.mean().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(v.grad).all()
+
+
+def test_nft_old_adapter_schedules():
+    assert [nft.old_decay(s, "delayed_linear") for s in (0, 75, 100, 500)] == [0.0, 0.0, 0.0075 * 25, 0.999]
+    assert nft.old_decay(300, "copy") == 0.0
+    with pytest.raises(ValueError, match="old_schedule"):
+        nft.old_decay(1, "ema")
+
+
+def test_dpo_losses_hand_values():
+    args = t(-1.0), t(-2.0), t(-1.5), t(-1.5)  # z = 1
+    loss, m = preference.dpo_loss(*args, beta=0.1)
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-0.1))))
+    smooth, _ = preference.dpo_loss(*args, beta=0.1, label_smoothing=0.1)
+    assert smooth.item() == pytest.approx(0.9 * loss.item() + 0.1 * -math.log(1 / (1 + math.exp(0.1))))
+    assert preference.dpo_loss(*args, beta=0.1, kind="ipo")[0].item() == pytest.approx(16.0)
+    assert preference.dpo_loss(*args, beta=0.1, kind="hinge")[0].item() == pytest.approx(0.9)
+    assert m["dpo/accuracy"].item() == 1.0 and m["dpo/margin"].item() == pytest.approx(0.1)
+    assert m["dpo/chosen_reward"].item() == pytest.approx(0.05)
+
+
+def test_dpo_reproduces_diffusion_dpo_with_half_negative_errors():
+    e_w, e_ref_w, e_l, e_ref_l, beta = 0.2, 0.3, 0.5, 0.4, 100.0
+    expected = -math.log(1 / (1 + math.exp(-(-0.5 * beta * ((e_w - e_ref_w) - (e_l - e_ref_l))))))
+    loss, _ = preference.dpo_loss(t(-e_w / 2), t(-e_l / 2), t(-e_ref_w / 2), t(-e_ref_l / 2), beta=beta)
+    assert loss.item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_online_dpo_pairs_and_errors():
+    rows = preference.best_and_worst(t(0.1, 0.9, 0.5, 0.3, 0.3), torch.tensor([0, 0, 0, 1, 2]))
+    assert rows.tolist() == [1, 0]
+    with pytest.raises(ValueError, match="raise rollout.n"):
+        preference.best_and_worst(t(0.1, 0.2), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="even"):
+        preference.split_pairs(torch.zeros(3, 2))
+    w, lo = preference.split_pairs(torch.arange(4))
+    assert w.tolist() == [0, 2] and lo.tolist() == [1, 3]
+
+
+def test_distillation_kls():
+    student, teacher = torch.zeros(1, 1, 2), torch.tensor([[[math.log(3.0), 0.0]]])
+    expected = 0.5 * (math.log(0.5) - math.log(0.75)) + 0.5 * (math.log(0.5) - math.log(0.25))
+    assert distill.reverse_kl(student, teacher).item() == pytest.approx(expected, rel=1e-5)
+    assert distill.reverse_kl(teacher, teacher).item() == pytest.approx(0.0, abs=1e-7)
+    torch.testing.assert_close(distill.sampled_reverse_kl(t(-1.0), t(-3.0)), t(2.0))
+    torch.testing.assert_close(distill.diffusion_distill(torch.ones(1, 2), torch.zeros(1, 2), t(1.0)), t(0.5))
