@@ -99,19 +99,55 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "flowgrpo"
-    """Objective: flowgrpo."""
+    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, online_dpo, distill, diffusion_dpo (offline).
+    Language: grpo, dapo, gspo, opd, dpo (see docs/algorithms.md)."""
     clip_range: float = 1e-4
-    """PPO ratio clip epsilon (log-probs are means over dims, so it is small)."""
+    """PPO ratio clip epsilon, lower side (and upper unless clip_high is set); tiny for diffusion log-probs."""
+    clip_high: float | None = None
+    """Upper PPO clip epsilon ("clip-higher", DAPO 0.28); None uses clip_range."""
+    dual_clip: float | None = None
+    """Dual clip c (> 1, typically 3): for A < 0 the loss is capped at -A*c; None disables it."""
     adv_clip: float = 5.0
-    """Advantages are clipped to [-adv_clip, adv_clip]."""
+    """Advantages are clipped to [-adv_clip, adv_clip] (also NFT's c)."""
     kl_coef: float = 0.0
-    """Weight of the KL between policy and reference transition means; 0 skips the reference forward."""
+    """Weight of the KL to the reference policy; 0 skips the reference forward."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator of language algorithms: k1 or k3."""
+    aggregation: str = "token-mean"
+    """Per-token loss reduction: token-mean, seq-mean-token-mean, seq-mean-token-sum."""
     global_std: bool = True
     """Normalise advantages by the whole batch's reward std (True) or each group's (False)."""
     norm_by_std: bool = True
     """Divide advantages by the std at all (False gives Dr.GRPO's A = r - mean)."""
     old_log_probs: str = "rollout"
-    """Old policy log-probs: 'rollout' reuses the rollout's own, 'recompute' replays before updating."""
+    """Old policy log-probs: 'rollout' reuses the rollout's own (rollout correction, no recompute pass),
+    'recompute' replays before updating and logs the gap."""
+    dppo_tau: float = 1e-5
+    """Flow-DPPO trust region: a term moving away from the old policy is dropped once its KL reaches this."""
+    nft_beta: float = 0.1
+    """DiffusionNFT strength beta."""
+    nft_kappa: float = 0.0
+    """DiffusionNFT reference-KL weight kappa (recipes 1e-4); 0 skips the reference forward."""
+    nft_timesteps: int = 4
+    """DiffusionNFT: training timesteps drawn afresh each step from the rollout schedule."""
+    old_schedule: str = "delayed_linear"
+    """Refresh of the `old` adapter after each update: copy, or delayed_linear EMA."""
+    dpo_beta: float = 0.1
+    """DPO beta (language default 0.1; Diffusion-DPO recipes 100, paper 2000)."""
+    dpo_loss: str = "sigmoid"
+    """DPO loss: sigmoid, ipo or hinge."""
+    label_smoothing: float = 0.0
+    """DPO label smoothing (conservative DPO)."""
+    average_log_prob: bool = False
+    """Language DPO: mean instead of sum of response-token log-probs."""
+    timestep_mean: float = 0.0
+    """Diffusion-DPO: mean of the logit-normal density of the training sigma."""
+    timestep_std: float = 1.0
+    """Diffusion-DPO: std of the logit-normal density of the training sigma."""
+    distill_coef: float = 1.0
+    """Weight of the on-policy distillation KL (added to the policy-gradient loss unless name=distill/opd)."""
+    teacher_path: str | None = None
+    """Teacher model folder for distillation (same architecture as the student)."""
 
 
 @dataclass
@@ -194,6 +230,11 @@ class Config:
 
 class ConfigError(ValueError):
     pass
+
+
+DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "online_dpo", "distill", "diffusion_dpo")
+LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
+ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 
 
 def flat_fields(cls: type = Config, prefix: str = "") -> dict[str, typing.Any]:
@@ -280,7 +321,8 @@ def validate(config: Config) -> Config:
         (0 < r.window_size <= window_end - r.window_start,
          f"rollout.window_size={r.window_size} does not fit in [{r.window_start}, {window_end}); lower it"),
         (r.kind in ("sde", "cps", "dance"), f"rollout.kind={r.kind!r}: choose sde, cps or dance"),
-        (config.algorithm.name == "flowgrpo", f"algorithm.name={config.algorithm.name!r}: choose flowgrpo"),
+        (config.algorithm.name in ALGORITHMS,
+         f"algorithm.name={config.algorithm.name!r}: choose one of {', '.join(ALGORITHMS)}"),
         (config.algorithm.old_log_probs in ("rollout", "recompute"),
          f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose rollout or recompute"),
         (config.model.dtype in ("float32", "bfloat16"),

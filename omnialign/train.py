@@ -86,6 +86,8 @@ def main(config: Config, resume: str | None = None) -> dict:
     """Train `config` (validated) and return the validation summary (before/after)."""
     if config.model.arch not in LOADERS:
         raise ConfigError(f"model.arch={config.model.arch!r}: choose one of {sorted(LOADERS)}")
+    if config.algorithm.name != "flowgrpo":
+        raise ConfigError(f"algorithm.name={config.algorithm.name!r} has no trainer yet; use flowgrpo")
     world = dist.init()
     if config.data.prompts_per_step % world.size:
         raise ConfigError(

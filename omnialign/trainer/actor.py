@@ -46,7 +46,8 @@ class Objective:
     resident: tuple[str, ...]
     """Per-sample batch fields the step reads, copied once per micro-batch (e.g. cond, advantages)."""
     per_step: dict[str, tuple[str, int]] = field(default_factory=dict)
-    """Input name -> (batch field, offset): the input of step k is field[:, k + offset]."""
+    """Input name -> (batch field, offset): the input of step k is field[:, k + offset]. Empty: one step
+    per micro-batch on the resident fields alone (language models)."""
 
 
 class UpdateResult(NamedTuple):
@@ -55,7 +56,10 @@ class UpdateResult(NamedTuple):
 
 
 def steps_of(batch: Any, objective: Objective) -> int:
-    """Number of steps an objective runs over a batch; a field read at offsets up to o needs steps + o entries."""
+    """Number of steps an objective runs over a batch; a field read at offsets up to o needs steps + o entries.
+    An objective without per-step inputs (language models) runs once per micro-batch."""
+    if not objective.per_step:
+        return 1
     reach: dict[str, int] = {}
     for f, off in objective.per_step.values():
         reach[f] = max(reach.get(f, 0), off)
