@@ -27,3 +27,19 @@ class Trajectory:
     @property
     def window(self) -> int:
         return self.log_probs.shape[1]
+
+
+@tensorclass
+class PreferencePairs:
+    """Preference pairs on adjacent rows: row 2i is pair i's winner, row 2i+1 its loser (same prompt).
+
+    P = pairs. Written by `omnialign prepare offline-dpo`, read by `data.offline_dpo.PairLoader`;
+    `algorithms.preference.split_pairs` splits any field into (winners, losers).
+    """
+
+    latents: torch.Tensor  # (2P, *latent) float32: the clean latent x_0 of each image, in the policy's layout
+    cond: TensorDict  # (2P, ...): prompt conditions as `policy.encode_prompts` gives them (floats as float32)
+    uncond: TensorDict | None  # (2P, ...): the negative prompt's conditions (CFG), None where not stored
+    group: torch.Tensor  # (2P,) int64: prompt id (index in the prompt file); both rows of a pair share it
+    scores: torch.Tensor  # (2P,) float32: reward of each image; a winner scores >= its loser
+    seeds: torch.Tensor  # (2P,) int64: the seed each image was sampled from

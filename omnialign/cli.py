@@ -8,6 +8,8 @@ torchrun --nproc-per-node 4 -m omnialign train RECIPE   # FSDP2 over 4 processes
 omnialign export runs/glyphs/checkpoints/step_000200 --to out/   # PEFT/diffusers adapter or full model
 omnialign serve-reward ocr --port 8000       # a reward over HTTP (docs/rewards.md)
 omnialign prepare glyphs                     # retrain the shipped glyphs base model and OCR
+omnialign prepare ocr INPUT_DIR OUT_DIR      # OCR prompt files (train.txt, test.txt) to parquet (docs/data.md)
+omnialign prepare offline-dpo PROMPTS OUT_DIR model.arch=sd3 model.path=DIR reward.weights='{"ocr": 1}'
 """
 
 import argparse
@@ -47,6 +49,37 @@ def cmd_prepare(args: argparse.Namespace) -> None:
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
     prepare_glyphs(config)
+
+
+def cmd_prepare_ocr(args: argparse.Namespace) -> None:
+    from omnialign.data.ocr import prepare_ocr
+
+    try:
+        written = prepare_ocr(args.input_dir, args.out_dir)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"prepare ocr: {e}") from None
+    for path, rows in written.values():
+        print(f"wrote {path} ({rows} prompts)")
+
+
+def cmd_prepare_offline_dpo(args: argparse.Namespace) -> None:
+    from omnialign.config import ConfigError, apply_overrides
+    from omnialign.data.offline_dpo import check_keys, prepare_offline_dpo
+    from omnialign.recipes import RECIPES
+    from omnialign.rewards import RewardError
+
+    if args.recipe not in RECIPES:
+        raise SystemExit(f"prepare offline-dpo: unknown recipe {args.recipe!r}; choose one of {', '.join(RECIPES)}")
+    try:
+        check_keys(args.overrides)
+        config = apply_overrides(RECIPES[args.recipe](), args.overrides)
+        counts = prepare_offline_dpo(args.prompts, args.out_dir, config, args.chunk_size, args.store_dtype,
+                                     args.serve_reward, not args.no_progress)  # fmt: skip
+    except (ConfigError, ValueError, OSError, RewardError) as e:
+        raise SystemExit(f"prepare offline-dpo: {e}") from None
+    c = counts
+    print(f"{args.out_dir}: {c['pairs']} pairs from {c['generated']} prompts in {c['chunks']} new chunks "
+          f"({c['done_before']} done before; {c['skipped']} prompts skipped: their candidates tied)")  # fmt: skip
 
 
 def cmd_serve_reward(args: argparse.Namespace) -> None:
@@ -104,7 +137,8 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("--to", required=True, help="output folder")
     ex.set_defaults(fn=cmd_export)
     pr = sub.add_parser("prepare", help="build data or pretrained assets")
-    pr.add_argument("what", choices=["glyphs"], help="glyphs: pretrain the glyphs base generator and recognizer")
+    prep = pr.add_subparsers(dest="what", required=True)
+    pr = prep.add_parser("glyphs", help="pretrain the glyphs base generator and recognizer")
     pr.add_argument("--out", help="output folder (default: the package's shipped assets)")
     pr.add_argument("--seed", type=int)
     pr.add_argument("--recognizer-steps", type=int)
@@ -112,6 +146,29 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--noisy-steps", type=int)
     pr.add_argument("--label-noise", type=float)
     pr.set_defaults(fn=cmd_prepare)
+    po = prep.add_parser("ocr", help="OCR prompt files (one prompt per line, target in double quotes) to parquet",
+                         description="INPUT_DIR/{train,test}.txt -> OUT_DIR/{train,test}.parquet with columns prompt, "
+                         "ground_truth, source, line (docs/data.md)")  # fmt: skip
+    po.add_argument("input_dir", help="folder holding train.txt and/or test.txt")
+    po.add_argument("out_dir", help="output folder")
+    po.set_defaults(fn=cmd_prepare_ocr)
+    pd = prep.add_parser("offline-dpo", help="best/worst-of-K preference pairs from a frozen pipeline (docs/data.md)",
+                         formatter_class=argparse.RawTextHelpFormatter, description=(
+                             "omnialign prepare offline-dpo PROMPTS OUT_DIR [key=value ...]\n"
+                             "keys: seed, model.*, reward.*, rollout.n (candidates K), rollout.steps (ODE steps),\n"
+                             "rollout.height/width/guidance/cfg_rescale/negative_prompt/micro_batch_size"))  # fmt: skip
+    pd.add_argument("prompts", help="prompt file: .txt (one per line), .json, .jsonl or .parquet (a prompt column)")
+    pd.add_argument("out_dir", help="output folder: chunk_*.parquet, images/, manifest.json; rerun to resume")
+    pd.add_argument("overrides", nargs="*", help="dotted config overrides on the recipe, as for train")
+    pd.add_argument("--recipe", default="glyphs", help="the config the overrides edit (default glyphs)")
+    pd.add_argument("--chunk-size", type=int, default=64, help="prompts per parquet chunk (the unit of resuming)")
+    pd.add_argument("--store-dtype", default="float16", choices=["float16", "float32"],
+                    help="dtype of the stored latents and text embeddings")  # fmt: skip
+    pd.add_argument("--serve-reward", action="append", default=[], metavar="NAME",
+                    help="start `omnialign serve-reward NAME` (with reward.options[NAME]) on loopback and score NAME "
+                    "there; NAME must be a key of reward.weights (repeatable)")  # fmt: skip
+    pd.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pd.set_defaults(fn=cmd_prepare_offline_dpo)
     sr = sub.add_parser("serve-reward", help="serve a reward over HTTP (docs/rewards.md)")
     sr.add_argument("reward", help="a key of omnialign.rewards.REWARDS, or path/to/file.py:function")
     sr.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 for all)")

@@ -1,19 +1,94 @@
-"""Prompt sampling: each step takes B prompts from an endless stream of seeded permutations.
+"""Prompt sets and prompt sampling: each step takes B prompts from an endless stream of seeded permutations.
+
+A prompt set is a glyphs set by name (digits, pairs) or a file: `.txt` (one prompt per line),
+`.json` (a list of prompts or of objects with a "prompt" key), `.jsonl` (one such item per line)
+or `.parquet` (a `prompt` column, e.g. from `omnialign prepare ocr`). Every other key or column
+of a prompt (`ground_truth`, ...) is its metadata, which rewards receive (`load_prompt_set`).
 
 The stream depends only on (seed, step), so resuming at a step needs no saved state beyond the
 step itself, and every rank computes the same global list before taking its share of groups.
 """
 
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
 import torch
 
 from omnialign.data.glyphs import PROMPT_SETS
 
+PROMPT_FILE_TYPES = (".txt", ".json", ".jsonl", ".parquet")
+
+
+def _prompt_item(item: object, where: str) -> tuple[str, dict]:
+    """A JSON item (a string, or an object with a "prompt" string) as (prompt, metadata)."""
+    meta = dict(item) if isinstance(item, dict) else {}
+    prompt = meta.pop("prompt", None) if isinstance(item, dict) else item
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(
+            f'{where}: expected a non-empty prompt string or an object with a "prompt" string, got {item!r:.200}'
+        )
+    return prompt, meta
+
+
+def read_prompt_file(path: str | Path) -> tuple[list[str], list[dict]]:
+    """Prompts and their metadata dicts (one per prompt) from a .txt, .json, .jsonl or .parquet file."""
+    path = Path(path)
+    if path.suffix not in PROMPT_FILE_TYPES:
+        raise ValueError(f"{path}: prompt files end in {', '.join(PROMPT_FILE_TYPES)}; got {path.suffix or 'none'}")
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    if path.suffix == ".parquet":
+        table = pq.read_table(path)
+        if "prompt" not in table.column_names:
+            raise ValueError(
+                f"{path}: no column 'prompt'; columns found: {table.column_names}. "
+                "A prompt parquet needs a string column named prompt (other columns become metadata)"
+            )
+        rows = table.to_pylist()
+        items = [(row, f"{path} row {i}") for i, row in enumerate(rows)]
+    elif path.suffix == ".txt":
+        lines = path.read_text(encoding="utf-8").splitlines()
+        items = [(line.strip(), f"{path}:{i}") for i, line in enumerate(lines, 1) if line.strip()]
+    elif path.suffix == ".jsonl":
+        items = []
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append((json.loads(line), f"{path}:{i}"))
+                except ValueError as e:
+                    raise ValueError(f"{path}:{i}: not JSON ({e}): {line!r:.200}") from None
+    else:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        if not isinstance(data, list):
+            raise ValueError(
+                f'{path}: expected a JSON list of prompts (strings or objects with "prompt"), got {type(data).__name__}'
+            )
+        items = [(item, f"{path} item {i}") for i, item in enumerate(data)]
+    if not items:
+        raise ValueError(f"{path} holds no prompts; give at least one")
+    prompts, metadata = zip(*(_prompt_item(item, where) for item, where in items))
+    return list(prompts), list(metadata)
+
+
+def load_prompt_set(name: str) -> tuple[list[str], list[dict]]:
+    """The prompts of `data.prompts` and one metadata dict per prompt (empty for the glyphs sets)."""
+    if name in PROMPT_SETS:
+        return list(PROMPT_SETS[name]), [{} for _ in PROMPT_SETS[name]]
+    if not name.endswith(PROMPT_FILE_TYPES):
+        raise ValueError(
+            f"data.prompts={name!r} is neither a prompt set {sorted(PROMPT_SETS)} nor a prompt file "
+            f"({', '.join(PROMPT_FILE_TYPES)}); name one of them"
+        )
+    return read_prompt_file(name)
+
 
 def load_prompts(name: str) -> list[str]:
-    """A prompt set by name (the glyphs sets: digits, pairs)."""
-    if name not in PROMPT_SETS:
-        raise ValueError(f"data.prompts={name!r} is not a prompt set; choose one of {sorted(PROMPT_SETS)}")
-    return list(PROMPT_SETS[name])
+    """The prompts of a prompt set: a glyphs set by name (digits, pairs) or a prompt file (see the module doc)."""
+    return load_prompt_set(name)[0]
 
 
 def prompts_for_step(prompts: list[str], per_step: int, seed: int, step: int) -> list[int]:
