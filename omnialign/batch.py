@@ -12,6 +12,7 @@ from tensordict import TensorDict, tensorclass
 class Trajectory:
     """One diffusion rollout: the SDE-window part of each sample's denoising path."""
 
+    final: torch.Tensor  # (B, *latent) float32: the clean sample x_0 at the end of the path
     latents: torch.Tensor  # (B, W+1, *latent) float32: x_k .. x_{k+W}
     log_probs: torch.Tensor  # (B, W) float32: rollout log-prob of each window transition
     means: torch.Tensor  # (B, W, *latent) float32: rollout transition means (Flow-DPPO's mu_old)
@@ -23,6 +24,7 @@ class Trajectory:
     rewards: torch.Tensor | None = None  # (B,) float32
     advantages: torch.Tensor | None = None  # (B,) float32
     old_log_probs: torch.Tensor | None = None  # (B, W) float32: recomputed before the update
+    old_means: torch.Tensor | None = None  # (B, W, *latent) float32: recomputed with old_log_probs
 
     @property
     def window(self) -> int:
@@ -43,3 +45,47 @@ class PreferencePairs:
     group: torch.Tensor  # (2P,) int64: prompt id (index in the prompt file); both rows of a pair share it
     scores: torch.Tensor  # (2P,) float32: reward of each image; a winner scores >= its loser
     seeds: torch.Tensor  # (2P,) int64: the seed each image was sampled from
+
+
+@tensorclass
+class CleanBatch:
+    """Clean samples to train at chosen noise levels (DiffusionNFT). T = training timesteps per sample."""
+
+    x0: torch.Tensor  # (B, *latent) float32: clean latents
+    noise: torch.Tensor  # (B, *latent) float32: noise shared by a sample's timesteps
+    sigmas: torch.Tensor  # (B, T) float32: training noise levels
+    cond: TensorDict  # (B, ...): prompt conditions
+    advantages: torch.Tensor  # (B,) float32
+
+
+@tensorclass
+class PairBatch:
+    """Winner/loser pairs to train Diffusion-DPO on (online, or offline from `PreferencePairs`): the
+    pair dim keeps a pair together through shuffling and micro-batching; index 0 is the winner."""
+
+    x0: torch.Tensor  # (P, 2, *latent) float32: clean latents of winner and loser
+    noise: torch.Tensor  # (P, *latent) float32: noise shared within a pair
+    sigma: torch.Tensor  # (P,) float32: noise level shared within a pair (logit-normal)
+    cond: TensorDict  # (P, 2, ...): prompt conditions of winner and loser
+    scores: torch.Tensor  # (P, 2) float32: rewards of winner and loser
+
+
+@tensorclass
+class TokenBatch:
+    """Prompts and responses of a language model. P = prompt positions (left-padded, so every prompt
+    ends at P), R = response positions (right-padded). Log-prob fields score response token r given
+    everything before it. Preference pairs (DPO) are adjacent rows, chosen then rejected, sharing a group.
+    """
+
+    prompt_ids: torch.Tensor  # (B, P) int64: chat-formatted prompt tokens, media placeholders expanded
+    prompt_mask: torch.Tensor  # (B, P) int64: 1 on prompt tokens, 0 on left padding
+    response_ids: torch.Tensor  # (B, R) int64: response tokens, right-padded
+    response_mask: torch.Tensor  # (B, R) float32: 1 on response tokens (through the stop token), 0 after
+    group: torch.Tensor  # (B,) int64: prompt group (RL: the n samples of one prompt) or pair id (DPO)
+    media: list  # (B,) dicts of the adapter's encoded media tensors (pixel_values, ...); {} for a text prompt
+    log_probs: torch.Tensor | None = None  # (B, R) float32: rollout log-probs of the response tokens
+    rewards: torch.Tensor | None = None  # (B,) float32
+    advantages: torch.Tensor | None = None  # (B,) float32
+    old_log_probs: torch.Tensor | None = None  # (B, R) float32: recomputed before the update
+    ref_log_probs: torch.Tensor | None = None  # (B, R) float32: the reference policy's (KL, DPO)
+    teacher_log_probs: torch.Tensor | None = None  # (B, R) float32: a frozen teacher's (distillation)

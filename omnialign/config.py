@@ -24,6 +24,8 @@ class LoraConfig:
     """LoRA alpha (scale alpha/rank); 0 means alpha = rank."""
     targets: list[str] | None = None
     """Module names that get adapters; None takes the adapter's default list."""
+    exclude: list[str] | None = None
+    """Module names kept free of adapters (peft `exclude_modules`), e.g. ["visual", "audio_tower"]."""
 
 
 @dataclass
@@ -43,13 +45,17 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     prompts: str = "digits"
-    """Training prompts: a glyphs prompt set name (digits, pairs)."""
+    """Training prompts: a glyphs prompt set name (digits, pairs). Language algorithms: a language set
+    (choice, choice_pairs) or a parquet file written by `omnialign prepare` (its train split)."""
     prompts_per_step: int = 8
     """Distinct prompts per step; each is sampled rollout.n times (one group)."""
     val_prompts: str = "digits"
-    """Validation prompts (every prompt of the set is used)."""
+    """Validation prompts (every prompt of the set is used). Language algorithms: as data.prompts (its val split)."""
     val_seeds: int = 8
     """Validation images per prompt, each from a fixed seed."""
+    val_limit: int | None = None
+    """Language algorithms: most validation items (prompts, or pairs for DPO), split evenly across
+    modalities; None uses the whole validation set."""
 
 
 @dataclass
@@ -80,8 +86,31 @@ class RolloutConfig:
     """Lowest step index where a window may start."""
     window_end: int | None = None
     """Window steps lie below this step index; None means rollout.steps."""
+    window_schedule: str = "per_sample"
+    """Where the window sits: per_sample (own seed, Flow-GRPO), random (one start per step, MixGRPO),
+    progressive (one start per step, sliding by one every window_shift_every steps, MixGRPO)."""
+    window_shift_every: int = 1
+    """Progressive window: training steps between shifts."""
     micro_batch_size: int = 64
     """Samples denoised in one batched forward."""
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling of language rollouts (grpo, dapo, gspo, opd); the samples per prompt are rollout.n."""
+
+    max_new_tokens: int = 64
+    """Most tokens generated per response (validation too)."""
+    temperature: float = 1.0
+    """Sampling temperature; training log-probs use the same one."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this total probability; 1 disables it."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 disables it."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a response (kept in it), besides the model's end-of-turn tokens."""
+    micro_batch_size: int = 32
+    """Sequences generated together (rollout and greedy validation)."""
 
 
 @dataclass
@@ -216,6 +245,8 @@ class Config:
     """Data settings."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Rollout settings."""
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """Language generation settings."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward settings."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -235,6 +266,7 @@ class ConfigError(ValueError):
 DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "online_dpo", "distill", "diffusion_dpo")
 LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
+WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "distill")
 
 
 def flat_fields(cls: type = Config, prefix: str = "") -> dict[str, typing.Any]:
@@ -313,13 +345,25 @@ def validate(config: Config) -> Config:
     """Cross-field checks that would otherwise fail deep inside a run; raises ConfigError."""
     r, a, d = config.rollout, config.actor, config.data
     window_end = r.steps if r.window_end is None else r.window_end
+    if config.algorithm.name == "online_dpo":  # one pair per prompt
+        batch, unit = d.prompts_per_step, "pairs: one per prompt, data.prompts_per_step"
+    else:
+        batch, unit = d.prompts_per_step * r.n, "samples: data.prompts_per_step * rollout.n"
     checks = [
         (r.n >= 2, f"rollout.n={r.n}: group-relative advantages need at least 2 samples per prompt"),
         (0 <= r.window_start < window_end <= r.steps,
          f"rollout.window_start={r.window_start}, window_end={r.window_end}: "
          f"need 0 <= start < end <= rollout.steps={r.steps}"),
-        (0 < r.window_size <= window_end - r.window_start,
+        (0 <= r.window_size <= window_end - r.window_start,
          f"rollout.window_size={r.window_size} does not fit in [{r.window_start}, {window_end}); lower it"),
+        (r.window_size > 0 or config.algorithm.name not in WINDOW_ALGORITHMS,
+         f"algorithm.name={config.algorithm.name} trains on SDE-window transitions: set rollout.window_size >= 1"),
+        (r.window_schedule in ("per_sample", "random", "progressive"),
+         f"rollout.window_schedule={r.window_schedule!r}: choose per_sample, random or progressive"),
+        (config.algorithm.name != "nft" or config.model.lora.rank > 0,
+         "algorithm.name=nft keeps its old policy in a second LoRA adapter: set model.lora.rank (e.g. 8)"),
+        (config.algorithm.name != "distill" or config.algorithm.teacher_path,
+         "algorithm.name=distill needs a teacher: set algorithm.teacher_path=DIR"),
         (r.kind in ("sde", "cps", "dance"), f"rollout.kind={r.kind!r}: choose sde, cps or dance"),
         (config.algorithm.name in ALGORITHMS,
          f"algorithm.name={config.algorithm.name!r}: choose one of {', '.join(ALGORITHMS)}"),
@@ -327,13 +371,11 @@ def validate(config: Config) -> Config:
          f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose rollout or recompute"),
         (config.model.dtype in ("float32", "bfloat16"),
          f"model.dtype={config.model.dtype!r}: choose float32 or bfloat16"),
-        ((d.prompts_per_step * r.n) % a.micro_batch_size == 0,
-         f"actor.micro_batch_size={a.micro_batch_size} must divide the rollout batch "
-         f"data.prompts_per_step*rollout.n={d.prompts_per_step * r.n}"),
-        (a.mini_batch_size is None or (a.mini_batch_size % a.micro_batch_size == 0
-                                       and (d.prompts_per_step * r.n) % a.mini_batch_size == 0),
+        (batch % a.micro_batch_size == 0,
+         f"actor.micro_batch_size={a.micro_batch_size} must divide the training batch {batch} ({unit})"),
+        (a.mini_batch_size is None or (a.mini_batch_size % a.micro_batch_size == 0 and batch % a.mini_batch_size == 0),
          f"actor.mini_batch_size={a.mini_batch_size} must be a multiple of actor.micro_batch_size="
-         f"{a.micro_batch_size} and divide the rollout batch {d.prompts_per_step * r.n}"),
+         f"{a.micro_batch_size} and divide the training batch {batch} ({unit})"),
         (config.model.lora.rank >= 0, f"model.lora.rank={config.model.lora.rank} must be >= 0"),
         (not (a.timestep_staging and config.engine.cpu_offload),
          "actor.timestep_staging=true with engine.cpu_offload=true: staging copies to the device that offload "
@@ -341,10 +383,36 @@ def validate(config: Config) -> Config:
         (config.trainer.val_every > 0 and config.trainer.save_every > 0,
          "trainer.val_every and trainer.save_every must be positive"),
     ]  # fmt: skip
+    if config.algorithm.name in LANGUAGE_ALGORITHMS:
+        checks += _language_checks(config)
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
     return config
+
+
+def _language_checks(config: Config) -> list[tuple[bool, str]]:
+    g, al, a = config.generation, config.algorithm, config.actor
+    return [
+        (g.max_new_tokens >= 1, f"generation.max_new_tokens={g.max_new_tokens} must be at least 1"),
+        (g.temperature > 0, f"generation.temperature={g.temperature} must be > 0 (validation is greedy anyway)"),
+        (0 < g.top_p <= 1, f"generation.top_p={g.top_p} must be in (0, 1]"),
+        (g.top_k >= 0, f"generation.top_k={g.top_k} must be >= 0 (0 disables it)"),
+        (g.micro_batch_size >= 1, f"generation.micro_batch_size={g.micro_batch_size} must be at least 1"),
+        (al.aggregation in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+         f"algorithm.aggregation={al.aggregation!r}: choose token-mean, seq-mean-token-mean or seq-mean-token-sum"),
+        (al.kl_estimator in ("k1", "k3"), f"algorithm.kl_estimator={al.kl_estimator!r}: choose k1 or k3"),
+        (al.dual_clip is None or al.dual_clip > 1, f"algorithm.dual_clip={al.dual_clip} must be > 1 (or None)"),
+        (al.name != "opd" or al.teacher_path is not None,
+         "algorithm.name=opd needs algorithm.teacher_path: the folder of the teacher model"),
+        (al.dpo_loss in ("sigmoid", "ipo", "hinge"),
+         f"algorithm.dpo_loss={al.dpo_loss!r}: choose sigmoid, ipo or hinge"),
+        (al.dpo_beta > 0, f"algorithm.dpo_beta={al.dpo_beta} must be > 0"),
+        (al.name != "dpo" or a.micro_batch_size % 2 == 0,
+         f"actor.micro_batch_size={a.micro_batch_size} must be even for dpo: a pair's two rows train together"),
+        (config.data.val_limit is None or config.data.val_limit >= 1,
+         f"data.val_limit={config.data.val_limit} must be at least 1 (or None for the whole set)"),
+    ]  # fmt: skip
 
 
 def to_dict(config: Config) -> dict:

@@ -5,6 +5,7 @@ network on the device), then move the frozen components.
 """
 
 import copy
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -14,13 +15,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from omnialign.config import Config, ConfigError, to_dict
+from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, to_dict
 from omnialign.engine import checkpoint, dist, fsdp, optim
 from omnialign.models import LOADERS, lora
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import swapped_network
-from omnialign.trainer.actor import flowgrpo_objective
+from omnialign.trainer import language
+from omnialign.trainer.objectives import ALGORITHMS
 from omnialign.trainer.online import OnlineTrainer
+
+Context = Callable[[], AbstractContextManager]
 
 
 def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
@@ -57,37 +61,57 @@ def same_blocks(source: nn.Module, copy_: nn.Module, blocks: list[nn.Module]) ->
     return [copy_.get_submodule(names[id(b)]) for b in blocks]
 
 
-def build_policy(
-    config: Config, world: dist.World, need_reference: bool
-) -> tuple[DiffusionPolicy, Callable[[], AbstractContextManager] | None]:
-    """The sharded policy on its device, and the reference context (None when not needed)."""
+def frozen_copy(net: nn.Module, blocks: list[nn.Module], config: Config, world: dist.World) -> nn.Module:
+    """A frozen, sharded copy of a network (the reference of full fine-tuning, or a teacher)."""
+    frozen = copy.deepcopy(net).requires_grad_(False).eval()
+    names = {id(m): name for name, m in net.named_modules()}
+    e = config.engine
+    fsdp.shard(frozen, [frozen.get_submodule(names[id(b)]) for b in blocks], fsdp.mesh(world),
+               getattr(torch, config.model.dtype), False, e.cpu_offload)  # fmt: skip
+    return frozen
+
+
+def build_policy(config: Config, world: dist.World) -> tuple[DiffusionPolicy, dict[str, Context]]:
+    """The sharded policy on its device and the contexts its algorithm computes under: `reference`
+    (adapters off, or a frozen copy), `old` (the second LoRA adapter) and `teacher`."""
+    a, spec = config.algorithm, config.model.lora
     policy = LOADERS[config.model.arch](config.model)
-    net, blocks = policy.transformer, policy.blocks()
-    lora_cfg, reference, frozen = config.model.lora, None, None
-    if lora_cfg.rank > 0:
-        lora.apply_lora(net, lora_cfg.rank, lora_cfg.alpha or lora_cfg.rank, lora_cfg.targets or policy.lora_targets)
-        if need_reference:
-            reference = lambda: lora.adapters_disabled(net)  # noqa: E731
+    net, blocks, contexts = policy.transformer, policy.blocks(), {}
+    need_reference = a.kl_coef > 0 or (a.name == "nft" and a.nft_kappa > 0) or a.name in ("online_dpo", "diffusion_dpo")
+    if spec.rank > 0:
+        lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets)
+        contexts["reference"] = lambda: lora.adapters_disabled(net)
+        if a.name == "nft":
+            lora.add_adapter(net, "old", lora_config)
+            contexts["old"] = lambda: lora.use_adapter(net, "old")
     else:
-        net.requires_grad_(True)
+        net.requires_grad_(True).float()  # fp32 master weights; compute runs in model.dtype (FSDP mixed precision)
         if need_reference:
-            frozen = copy.deepcopy(net).requires_grad_(False).eval()
-    if lora_cfg.rank == 0:
-        net.float()  # fp32 master weights; compute runs in model.dtype through FSDP mixed precision
-    mesh, dtype, e = fsdp.mesh(world), getattr(torch, config.model.dtype), config.engine
-    fsdp.shard(net, blocks, mesh, dtype, e.activation_checkpointing, e.cpu_offload, e.reshard_after_forward)
-    if frozen is not None:
-        fsdp.shard(frozen, same_blocks(net, frozen, blocks), mesh, dtype, False, e.cpu_offload)
-        reference = swapped_network(policy, frozen)
-    return policy.to(world.device), reference
+            contexts["reference"] = swapped_network(policy, frozen_copy(net, blocks, config, world))
+    if a.teacher_path:
+        teacher = LOADERS[config.model.arch](dataclasses.replace(config.model, path=a.teacher_path)).transformer
+        contexts["teacher"] = swapped_network(policy, frozen_copy(teacher.float(), teacher_blocks(policy, teacher),
+                                                                  config, world))  # fmt: skip
+    e = config.engine
+    fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
+               e.cpu_offload, e.reshard_after_forward)  # fmt: skip
+    return policy.to(world.device), contexts
+
+
+def teacher_blocks(policy: DiffusionPolicy, teacher: nn.Module) -> list[nn.Module]:
+    """The teacher's blocks, found by the names of the student's (same architecture)."""
+    names = {id(m): name for name, m in policy.transformer.named_modules()}
+    return [teacher.get_submodule(names[id(b)]) for b in policy.blocks()]
 
 
 def main(config: Config, resume: str | None = None) -> dict:
     """Train `config` (validated) and return the validation summary (before/after)."""
     if config.model.arch not in LOADERS:
         raise ConfigError(f"model.arch={config.model.arch!r}: choose one of {sorted(LOADERS)}")
-    if config.algorithm.name != "flowgrpo":
-        raise ConfigError(f"algorithm.name={config.algorithm.name!r} has no trainer yet; use flowgrpo")
+    if config.algorithm.name not in ALGORITHMS and config.algorithm.name not in LANGUAGE_ALGORITHMS:
+        raise ConfigError(
+            f"algorithm.name={config.algorithm.name!r} has no trainer yet; choose one of {list(ALGORITHMS)}"
+        )
     world = dist.init()
     if config.data.prompts_per_step % world.size:
         raise ConfigError(
@@ -105,10 +129,14 @@ def main(config: Config, resume: str | None = None) -> dict:
     resume_path = resolve_resume(run_dir, resume)
     if world.is_main:
         prepare_run_dir(run_dir, config, fresh=resume_path is None)
-    policy, reference = build_policy(config, world, need_reference=config.algorithm.kl_coef > 0)
+    if config.algorithm.name in LANGUAGE_ALGORITHMS:
+        return language.main(config, world, run_dir, resume_path)
+    policy, contexts = build_policy(config, world)
     params = [p for p in policy.transformer.parameters() if p.requires_grad]
     optimizer, scheduler = optim.build(params, config.actor)
-    objective = flowgrpo_objective(policy, config.rollout, config.algorithm, reference)
-    trainer = OnlineTrainer(config, policy, params, optimizer, scheduler, objective, world, run_dir,
+    algorithm = ALGORITHMS[config.algorithm.name](
+        policy, config, contexts.get("reference"), contexts.get("teacher"), contexts.get("old")
+    )
+    trainer = OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, run_dir,
                             sync=dist.synchronizer(world.device))  # fmt: skip
     return trainer.fit(resume_path)

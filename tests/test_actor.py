@@ -13,7 +13,7 @@ from omnialign.engine import stage
 from omnialign.models import glyphs
 from omnialign.recipes import RECIPES
 from omnialign.rollout.diffusion import generate
-from omnialign.trainer import actor
+from omnialign.trainer import actor, objectives
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def train_once(world, **overrides):
     actor_cfg = dataclasses.replace(config.actor, **{k: v for k, v in overrides.items() if k != "return_model_output"})
     opt = torch.optim.AdamW(params, lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    objective = actor.flowgrpo_objective(policy, config.rollout, config.algorithm)
+    objective = objectives.policy_gradient(policy, config, None, None, None).objective
     result = actor.update(objective, traj, params, opt, sched, actor_cfg, seed=0, device=torch.device("cpu"),
                           return_model_output=overrides.get("return_model_output", False))  # fmt: skip
     return result, [p.detach() for p in params]
@@ -63,7 +63,7 @@ def test_outputs_are_discarded_by_default_and_retention_changes_nothing(world):
 
 def test_forward_only_calls_return_complete_outputs(world):
     config, policy, traj = world
-    out = actor.infer(actor.log_prob_objective(policy, config.rollout), traj, micro_batch_size=3)
+    out = actor.infer(objectives.log_prob_objective(policy, config.rollout), traj, micro_batch_size=3)
     assert out["log_prob"].shape == (8, 3) and out["mean"].shape == (8, 3, 1, 32, 32)
     torch.testing.assert_close(out["log_prob"], traj.log_probs, rtol=0, atol=1e-5)
 
@@ -99,7 +99,7 @@ def test_no_staged_tensor_of_step_k_is_alive_at_step_k_plus_1(world):
         loss = inputs["x"].flatten(1).mean(1) * torch.zeros((), requires_grad=True)
         return loss, {}, {}
 
-    objective = actor.Objective(fn, resident=("cond",), per_step=dict(actor.FLOW_STEP))
+    objective = actor.Objective(fn, resident=("cond",), per_step=dict(objectives.FLOW_STEP))
     actor.infer(objective, traj, micro_batch_size=4, stage=True)
     assert len(alive) == 2 * (2 * 3 - 1) and not any(alive)
 
@@ -112,7 +112,7 @@ def test_staging_rejects_bad_inputs_before_any_forward(world):
         calls.append(1)
         return inputs["x"].sum(), {}, {}
 
-    objective = actor.Objective(fn, resident=("cond",), per_step=dict(actor.FLOW_STEP))
+    objective = actor.Objective(fn, resident=("cond",), per_step=dict(objectives.FLOW_STEP))
     with pytest.raises(ValueError, match="on the host"):
         actor.infer(objective, traj.to("meta"), 4, stage=True)
     grad = traj.clone()

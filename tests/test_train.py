@@ -17,7 +17,7 @@ from omnialign.models import glyphs
 from omnialign.recipes import RECIPES
 from omnialign.rollout.diffusion import generate
 from omnialign.train import main
-from omnialign.trainer import actor
+from omnialign.trainer import actor, objectives
 
 
 def debug_config(tmp_path, *overrides):
@@ -52,7 +52,7 @@ def test_first_replay_reproduces_rollout_log_probs():
     prompts = ["1"] * 4 + ["7"] * 4
     traj, _ = generate(policy, prompts, torch.arange(2).repeat_interleave(4), torch.arange(8) + 99,
                        config.rollout, torch.device("cpu"))  # fmt: skip
-    replayed = actor.infer(actor.log_prob_objective(policy, config.rollout), traj, 8)["log_prob"]
+    replayed = actor.infer(objectives.log_prob_objective(policy, config.rollout), traj, 8)["log_prob"]
     ratio = torch.exp(replayed - traj.log_probs)
     torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-6)
 
@@ -104,7 +104,7 @@ def test_non_finite_update_is_skipped_and_counted():
     before = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    batch = Trajectory(latents=torch.zeros(4, 2, 2), log_probs=torch.zeros(4, 1), means=torch.zeros(4, 1, 2),
+    batch = Trajectory(final=torch.zeros(4, 2), latents=torch.zeros(4, 2, 2), log_probs=torch.zeros(4, 1), means=torch.zeros(4, 1, 2),
                        sigmas=torch.zeros(4, 2), cond=TensorDict(batch_size=[4]), uncond=None,
                        group=torch.zeros(4), seeds=torch.zeros(4), batch_size=[4])  # fmt: skip
 

@@ -19,6 +19,25 @@ def _generators(seeds: torch.Tensor, device: torch.device) -> list[torch.Generat
     return [torch.Generator(device).manual_seed(int(s)) for s in seeds]
 
 
+def window_starts(seeds: torch.Tensor, config: RolloutConfig, step: int, seed: int) -> torch.Tensor:
+    """Window start of every sample (B,): per sample from its seed (`per_sample`, Flow-GRPO), or one
+    start for the whole step (MixGRPO) drawn from (seed, step) (`random`, the same on every rank)
+    or sliding one step every `window_shift_every` steps (`progressive`)."""
+    lo = config.window_start
+    hi = config.steps if config.window_end is None else config.window_end
+    if config.window_size == 0:
+        return torch.zeros(len(seeds), dtype=torch.long)
+    if config.window_schedule == "per_sample":
+        return sde.window_starts(seeds, config.window_size, lo, hi)
+    positions = hi - config.window_size - lo + 1
+    if config.window_schedule == "random":
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        start = lo + int(torch.randint(positions, (), generator=g))
+    else:
+        start = lo + (max(step, 1) - 1) // config.window_shift_every % positions
+    return torch.full((len(seeds),), start, dtype=torch.long)
+
+
 def _conditions(policy: DiffusionPolicy, prompts: list[str], config: RolloutConfig) -> tuple:
     """Prompt conditions, and the negative prompt's when CFG is on (else None)."""
     uncond = None
@@ -36,16 +55,19 @@ def generate(
     config: RolloutConfig,
     device: torch.device,
     progress: bool = False,
+    step: int = 0,
+    seed: int = 0,
 ) -> tuple[Trajectory, torch.Tensor]:
     """Sample one image per prompt with an SDE window per sample; returns (Trajectory, images (B, C, H, W)).
 
     prompts, group and seeds are per sample (B,); batches of `config.micro_batch_size` go through
-    the network together. The trajectory stays on `device`.
+    the network together. `step` and `seed` place the window of the shared schedules (MixGRPO).
+    With `config.window_size=0` the whole path is the ODE and only the clean samples are kept.
+    The trajectory stays on `device`.
     """
     sigmas = policy.schedule(config.steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
-    window_end = config.steps if config.window_end is None else config.window_end
-    starts = sde.window_starts(seeds, config.window_size, config.window_start, window_end)
+    starts = window_starts(seeds, config, step, seed)
     parts, images = [], []
     chunks = range(0, len(prompts), config.micro_batch_size)
     for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
@@ -59,6 +81,7 @@ def generate(
         images.append(policy.decode(out.final))
         parts.append(
             Trajectory(
+                final=out.final,
                 latents=out.latents,
                 log_probs=out.log_probs,
                 means=out.means,

@@ -17,7 +17,6 @@ as latents). The actor feeds it micro-batch by micro-batch and step by step:
 
 import dataclasses
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -26,13 +25,9 @@ import torch
 from tensordict import TensorDictBase
 from tqdm import tqdm
 
-from omnialign.algorithms.policy_gradient import gaussian_mean_kl, ppo_clip
-from omnialign.config import ActorConfig, AlgorithmConfig, RolloutConfig
-from omnialign.diffusion import sde
-from omnialign.diffusion.sampling import guided_velocity
+from omnialign.config import ActorConfig
 from omnialign.engine import optim
 from omnialign.engine.stage import Stager
-from omnialign.models.base import DiffusionPolicy
 
 Inputs = dict[str, Any]  # name -> (b, ...) tensor or TensorDict for one micro-batch and step
 StepFn = Callable[[Inputs], tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]]
@@ -232,51 +227,3 @@ def infer(
     order = torch.arange(batch.batch_size[0])
     _run(objective, batch, micro_batch_size, device or batch.device, order, stage, prefetch, step_fn, keep)
     return {name: torch.cat(values) for name, values in outputs.items()}
-
-
-# --------------------------------------------------------------------------- FlowGRPO family
-
-FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
-
-
-def replay(policy: DiffusionPolicy, inputs: Inputs, rollout: RolloutConfig) -> sde.Transition:
-    """Score a stored transition x -> x_next under the current policy."""
-    x, sigma = inputs["x"], inputs["sigma"]
-    v = guided_velocity(policy.velocity, x, sigma, inputs["cond"], inputs["uncond"], rollout.guidance,
-                        rollout.cfg_rescale)  # fmt: skip
-    return sde.transition(rollout.kind, v, x, sigma, inputs["sigma_next"], rollout.eta, sample=inputs["x_next"])
-
-
-def log_prob_objective(policy: DiffusionPolicy, rollout: RolloutConfig) -> Objective:
-    """Forward-only: the log-prob (and mean) of each stored transition (old or reference policy)."""
-
-    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict, dict[str, torch.Tensor]]:
-        tr = replay(policy, inputs, rollout)
-        return tr.log_prob, {}, {"log_prob": tr.log_prob, "mean": tr.mean}
-
-    return Objective(fn, resident=("cond", "uncond"), per_step=dict(FLOW_STEP))
-
-
-def flowgrpo_objective(
-    policy: DiffusionPolicy,
-    rollout: RolloutConfig,
-    algorithm: AlgorithmConfig,
-    reference: Callable[[], AbstractContextManager] | None = None,
-) -> Objective:
-    """FlowGRPO: PPO clip on the window transitions' log-probs, plus the reference KL if kl_coef > 0."""
-
-    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        tr = replay(policy, inputs, rollout)
-        loss, metrics = ppo_clip(tr.log_prob, inputs["old_log_prob"], inputs["advantages"],
-                                 algorithm.clip_range, algorithm.clip_range, algorithm.adv_clip)  # fmt: skip
-        metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
-        if algorithm.kl_coef > 0:
-            with torch.no_grad(), reference():
-                ref = replay(policy, inputs, rollout)
-            kl = gaussian_mean_kl(tr.mean, ref.mean, tr.std)
-            loss = loss + algorithm.kl_coef * kl
-            metrics["kl"] = kl.detach()
-        return loss, metrics, {"log_prob": tr.log_prob, "mean": tr.mean}
-
-    old = "old_log_probs" if algorithm.old_log_probs == "recompute" else "log_probs"
-    return Objective(fn, resident=("cond", "uncond", "advantages"), per_step={**FLOW_STEP, "old_log_prob": (old, 0)})

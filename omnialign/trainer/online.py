@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
+from omnialign.batch import Trajectory
 from omnialign.config import Config
 from omnialign.data.prompts import load_prompts, prompts_for_step
 from omnialign.engine import checkpoint, dist
@@ -17,6 +18,7 @@ from omnialign.metrics import MetricsLog, Timer, diversity, plot_curves, read_me
 from omnialign.models.base import DiffusionPolicy
 from omnialign.rollout.diffusion import generate, generate_ode, sample_seeds
 from omnialign.trainer import actor
+from omnialign.trainer.objectives import Algorithm, log_prob_objective
 
 VAL_SEED = 2**40  # validation seeds are fixed across runs and recipes
 
@@ -29,7 +31,7 @@ class OnlineTrainer:
         params: list[torch.nn.Parameter],
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
-        objective: actor.Objective,
+        algorithm: Algorithm,
         world: World,
         run_dir: Path,
         sync=lambda: None,
@@ -38,7 +40,7 @@ class OnlineTrainer:
         # the optimizer steps on a global mini-batch: each rank contributes its share of it
         local_mini = config.actor.mini_batch_size and config.actor.mini_batch_size // world.size
         self.actor_config = dataclasses.replace(config.actor, mini_batch_size=local_mini)
-        self.optimizer, self.scheduler, self.objective = optimizer, scheduler, objective
+        self.optimizer, self.scheduler, self.algorithm = optimizer, scheduler, algorithm
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts = load_prompts(config.data.prompts)
         self.val_prompts = load_prompts(config.data.val_prompts)
@@ -47,16 +49,10 @@ class OnlineTrainer:
         self.progress = config.trainer.progress and world.is_main
 
     def train_step(self, step: int) -> dict[str, torch.Tensor]:
-        c, device, phase, rank = self.config, self.world.device, self.timer.phase, self.world.rank
+        c, device, phase = self.config, self.world.device, self.timer.phase
         with phase("rollout"):
-            per_rank = c.data.prompts_per_step // self.world.size  # whole groups per rank
-            index = prompts_for_step(self.prompts, c.data.prompts_per_step, c.seed, step)
-            mine = slice(rank * per_rank, (rank + 1) * per_rank)
-            prompts = [self.prompts[i] for i in index[mine] for _ in range(c.rollout.n)]
-            group = torch.arange(mine.start, mine.stop).repeat_interleave(c.rollout.n)
-            seeds = sample_seeds(c.seed, step, c.data.prompts_per_step * c.rollout.n)
-            seeds = seeds[mine.start * c.rollout.n : mine.stop * c.rollout.n]
-            traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress)
+            prompts, group, seeds = self.share_of_step(step)
+            traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress, step, c.seed)
         with phase("reward"):
             reward, parts = self.score(images, prompts)
         with phase("advantage"):
@@ -64,19 +60,20 @@ class OnlineTrainer:
             advantages, adv_metrics = group_relative(
                 all_rewards, dist.all_gather(group.to(device)), c.algorithm.global_std, c.algorithm.norm_by_std
             )
-            traj.rewards, traj.advantages = reward.to(device), advantages[rank * len(reward) : (rank + 1) * len(reward)]
+            mine = slice(self.world.rank * len(reward), (self.world.rank + 1) * len(reward))
+            traj.rewards, traj.advantages = reward.to(device), advantages[mine]
+            batch = self.algorithm.batch(traj, step)
         if c.actor.timestep_staging:
-            traj = traj.cpu()
+            batch = batch.cpu()
         metrics = {}
-        if c.algorithm.old_log_probs == "recompute":
+        if self.algorithm.replays_window and c.algorithm.old_log_probs == "recompute":
             with phase("old_log_probs"):
-                old = actor.infer(actor.log_prob_objective(self.policy, c.rollout), traj, c.actor.micro_batch_size,
-                                  device, c.actor.timestep_staging, c.actor.prefetch)  # fmt: skip
-                traj.old_log_probs = old["log_prob"].to(traj.device)
-                metrics["actor/rollout_logprob_gap"] = (traj.old_log_probs - traj.log_probs).abs().mean()
+                metrics.update(self.recompute_old(batch))
         with phase("update"):
-            update = actor.update(self.objective, traj, self.params, self.optimizer, self.scheduler, self.actor_config,
-                                  seed=c.seed * 1_000_003 + step, device=device, progress=self.progress)  # fmt: skip
+            update = actor.update(self.algorithm.objective, batch, self.params, self.optimizer, self.scheduler,
+                                  self.actor_config, seed=c.seed * 1_000_003 + step, device=device,
+                                  progress=self.progress)  # fmt: skip
+            self.algorithm.after_update(step)
         metrics.update({f"actor/{k}": v for k, v in update.metrics.items()})
         metrics.update({f"reward/{k}": v.mean() for k, v in parts.items() if len(parts) > 1})
         metrics.update({
@@ -86,6 +83,24 @@ class OnlineTrainer:
             "actor/lr": torch.tensor(self.scheduler.get_last_lr()[0]),
         })  # fmt: skip
         return metrics
+
+    def share_of_step(self, step: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """This rank's prompts (whole groups of rollout.n), group ids and per-sample seeds of a step."""
+        c, n = self.config, self.config.rollout.n
+        per_rank = c.data.prompts_per_step // self.world.size
+        first = self.world.rank * per_rank
+        index = prompts_for_step(self.prompts, c.data.prompts_per_step, c.seed, step)[first : first + per_rank]
+        seeds = sample_seeds(c.seed, step, c.data.prompts_per_step * n)[first * n : (first + per_rank) * n]
+        group = torch.arange(first, first + per_rank).repeat_interleave(n)
+        return [self.prompts[i] for i in index for _ in range(n)], group, seeds
+
+    def recompute_old(self, traj: Trajectory) -> dict[str, torch.Tensor]:
+        """Old-policy log-probs and means by a forward-only replay; returns the gap to the rollout's."""
+        c = self.config
+        old = actor.infer(log_prob_objective(self.policy, c.rollout), traj, c.actor.micro_batch_size,
+                          self.world.device, c.actor.timestep_staging, c.actor.prefetch)  # fmt: skip
+        traj.old_log_probs, traj.old_means = old["log_prob"].to(traj.device), old["mean"].to(traj.device)
+        return {"actor/rollout_logprob_gap": (traj.old_log_probs - traj.log_probs).abs().mean()}
 
     def score(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Rewards in chunks of the rollout micro-batch, with a progress bar."""

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from omnialign.data.glyphs import CHARSET, PROMPT_SETS, SIZE, render
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import sample
-from omnialign.models.glyphs import ASSETS, CharEncoder, GlyphsPolicy, tiny_transformer
+from omnialign.models.glyphs import ASSETS, CharEncoder, GlyphsPolicy, SD3Transformer2DModel, tiny_transformer
 from omnialign.rewards.glyphs import Recognizer
 
 
@@ -38,7 +38,7 @@ class PretrainConfig:
     """Optimizer steps of the recognizer (batch 128)."""
     clean_steps: int = 1200
     """Generator steps on correctly labelled glyphs (batch 128, one-cycle learning rate)."""
-    noisy_steps: int = 300
+    noisy_steps: int = 100
     """Then steps with `label_noise` of the prompts replaced by random ones, at `noisy_lr`."""
     label_noise: float = 0.6
     """Share of prompts replaced in the second phase: the base follows its prompt only partly."""
@@ -150,10 +150,13 @@ def ode_reward(
     return recognizer.string_log_prob(out.final.clamp(-1, 1), texts).exp().mean().item()
 
 
-def train_generator(config: PretrainConfig, recognizer: Recognizer) -> tuple[GlyphsPolicy, list[dict]]:
+def train_generator(
+    config: PretrainConfig, recognizer: Recognizer
+) -> tuple[GlyphsPolicy, SD3Transformer2DModel, list[dict]]:
     """Phase 1 learns clean glyphs (one-cycle learning rate); phase 2 continues at a small constant
-    rate with `label_noise` of the prompts replaced, which weakens prompt following but keeps the
-    glyphs clean. The EMA of the weights is what ships."""
+    rate with `label_noise` of the prompts replaced and the text encoder frozen, which weakens
+    prompt following but keeps the glyphs clean. The EMA of the weights is what ships; the EMA
+    transformer at the end of phase 1 ships too, as the teacher of on-policy distillation."""
     torch.manual_seed(config.seed)
     policy = GlyphsPolicy(tiny_transformer(), CharEncoder())
     ema = GlyphsPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
@@ -170,6 +173,12 @@ def train_generator(config: PretrainConfig, recognizer: Recognizer) -> tuple[Gly
         noisy = step > config.clean_steps
         texts = [prompts[i] for i in torch.randint(0, len(prompts), (128,), generator=g)]
         x0 = render(texts, seed=config.seed * 7919 + step)
+        if step == config.clean_steps + 1:  # phase 2 fixes the (EMA) text encoder: the teacher shares it
+            teacher = copy.deepcopy(ema.transformer)
+            policy.text_encoder.load_state_dict(ema.text_encoder.state_dict())
+            policy.text_encoder.requires_grad_(False)
+            params = list(policy.transformer.parameters())
+            ema_params = list(ema.transformer.parameters())
         if noisy:
             shown = [prompts[i] for i in torch.randint(0, len(prompts), (128,), generator=g)]
             mislabel = (torch.rand(128, generator=g) < config.label_noise).tolist()
@@ -182,7 +191,7 @@ def train_generator(config: PretrainConfig, recognizer: Recognizer) -> tuple[Gly
         loss = F.mse_loss(v, sde.velocity_target(x0, noise))
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], 1.0)
         opt.step()
         if noisy:
             for group in opt.param_groups:
@@ -201,7 +210,7 @@ def train_generator(config: PretrainConfig, recognizer: Recognizer) -> tuple[Gly
                 ema.transformer.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "transformer")
                 ema.text_encoder.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "text_encoder")
     ema.text_encoder.requires_grad_(False).eval()
-    return ema, history
+    return ema, teacher, history
 
 
 def prepare_glyphs(config: PretrainConfig) -> dict:
@@ -211,11 +220,13 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
     recognizer = train_recognizer(config)
     report = {"config": asdict(config), "recognizer": recognizer_accuracy(recognizer, config.seed)}
     print("recognizer:", report["recognizer"])
-    policy, history = train_generator(config, recognizer)
+    policy, teacher, history = train_generator(config, recognizer)
     report.update(generator=history, seconds=round(time.time() - start, 1))
     recognizer.save_pretrained(out / "recognizer")
     policy.transformer.save_pretrained(out / "transformer")
     policy.text_encoder.save_pretrained(out / "text_encoder")
+    teacher.save_pretrained(out / "teacher" / "transformer")
+    policy.text_encoder.save_pretrained(out / "teacher" / "text_encoder")
     (out / "pretrain.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {out} in {report['seconds']} s; final ODE reward {history[-1]['ode_reward']:.3f}")
     return report

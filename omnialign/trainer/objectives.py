@@ -1,0 +1,205 @@
+"""The diffusion algorithm family: each turns a scored rollout into a training batch and an objective.
+
+| name | trains on | objective |
+|---|---|---|
+| flowgrpo | SDE-window transitions | PPO clip on transition log-probs (+ reference KL, + teacher KL) |
+| grpo_guard | SDE-window transitions | GRPO-Guard: normalised ratio, step reweighting |
+| dppo | SDE-window transitions | Flow-DPPO: KL trust-region mask instead of clipping |
+| distill | SDE-window transitions | Gaussian KL to a frozen teacher at every stored state |
+| nft | clean samples, fresh timesteps | DiffusionNFT with the `old` adapter |
+| online_dpo | best and worst sample of each prompt | Diffusion-DPO against the reference |
+
+The math lives in `algorithms/`; this module only calls the policy and hands tensors over.
+"""
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnialign.algorithms import nft, preference
+from omnialign.algorithms.distill import diffusion_distill
+from omnialign.algorithms.policy_gradient import dppo, dual_clip, gaussian_mean_kl, grpo_guard, ppo_clip
+from omnialign.batch import CleanBatch, PairBatch, Trajectory
+from omnialign.config import Config, RolloutConfig
+from omnialign.diffusion import sde
+from omnialign.diffusion.sampling import guided_velocity
+from omnialign.models.base import DiffusionPolicy
+from omnialign.trainer.actor import Inputs, Objective
+
+Context = Callable[[], AbstractContextManager]
+FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
+
+
+def replay(policy: DiffusionPolicy, inputs: Inputs, rollout: RolloutConfig) -> sde.Transition:
+    """Score a stored transition x -> x_next under the current policy."""
+    x, sigma = inputs["x"], inputs["sigma"]
+    v = guided_velocity(policy.velocity, x, sigma, inputs["cond"], inputs["uncond"], rollout.guidance,
+                        rollout.cfg_rescale)  # fmt: skip
+    return sde.transition(rollout.kind, v, x, sigma, inputs["sigma_next"], rollout.eta, sample=inputs["x_next"])
+
+
+def log_prob_objective(policy: DiffusionPolicy, rollout: RolloutConfig) -> Objective:
+    """Forward-only: the log-prob and mean of each stored transition (old policy, teacher)."""
+
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict, dict[str, torch.Tensor]]:
+        tr = replay(policy, inputs, rollout)
+        return tr.log_prob, {}, {"log_prob": tr.log_prob, "mean": tr.mean}
+
+    return Objective(fn, resident=("cond", "uncond"), per_step=dict(FLOW_STEP))
+
+
+@dataclass
+class Algorithm:
+    objective: Objective
+    batch: Callable[[Trajectory, int], Any]
+    """The training batch from a scored rollout (advantages set) at a step."""
+    after_update: Callable[[int], None] = lambda step: None
+    """Runs after the optimizer steps of a training step (e.g. refreshing the `old` adapter)."""
+    replays_window: bool = True
+    """Trains on SDE-window transitions (needs rollout.window_size > 0; old log-probs may be recomputed)."""
+
+
+def policy_gradient(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """flowgrpo, grpo_guard, dppo and distill: per window step, a loss on the replayed transition."""
+    a, rollout = config.algorithm, config.rollout
+    clip_high = a.clip_high if a.clip_high is not None else a.clip_range
+
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        tr = replay(policy, inputs, rollout)
+        old_lp, adv = inputs["old_log_prob"], inputs["advantages"]
+        if a.name == "flowgrpo":
+            loss, metrics = ppo_clip(tr.log_prob, old_lp, adv, a.clip_range, clip_high, a.adv_clip)
+            if a.dual_clip:
+                loss = dual_clip(loss, adv.clamp(-a.adv_clip, a.adv_clip), a.dual_clip)
+        elif a.name == "grpo_guard":
+            sqrt_neg_dt = (inputs["sigma"] - inputs["sigma_next"]).sqrt()
+            loss, metrics = grpo_guard(tr.log_prob, old_lp, adv, tr.mean, inputs["old_mean"], tr.std, sqrt_neg_dt,
+                                       a.clip_range, clip_high, a.adv_clip)  # fmt: skip
+        elif a.name == "dppo":
+            loss, metrics = dppo(tr.log_prob, old_lp, adv, tr.mean, inputs["old_mean"], tr.std, a.dppo_tau)
+        else:  # distill: the teacher term alone
+            loss, metrics = torch.zeros_like(tr.log_prob), {}
+        if "clip_frac_low" in metrics:
+            metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
+        if a.kl_coef > 0:
+            with torch.no_grad(), reference():
+                ref = replay(policy, inputs, rollout)
+            kl = gaussian_mean_kl(tr.mean, ref.mean, tr.std)
+            loss = loss + a.kl_coef * kl
+            metrics["kl"] = kl.detach()
+        if teacher is not None:
+            with torch.no_grad(), teacher():
+                taught = replay(policy, inputs, rollout)
+            distance = diffusion_distill(tr.mean, taught.mean, tr.std)
+            loss = loss + a.distill_coef * distance
+            metrics["distill_kl"] = distance.detach()
+        return loss, metrics, {"log_prob": tr.log_prob, "mean": tr.mean}
+
+    recompute = a.old_log_probs == "recompute"
+    per_step = {**FLOW_STEP, "old_log_prob": ("old_log_probs" if recompute else "log_probs", 0)}
+    if a.name in ("grpo_guard", "dppo"):
+        per_step["old_mean"] = ("old_means" if recompute else "means", 0)
+    objective = Objective(fn, resident=("cond", "uncond", "advantages"), per_step=per_step)
+    return Algorithm(objective, batch=lambda traj, step: traj)
+
+
+def _generator(config: Config, step: int, salt: int) -> torch.Generator:
+    """A generator seeded by (seed, step, salt): the same on every rank, fresh every step."""
+    return torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 7 + salt)
+
+
+def diffusion_nft(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """DiffusionNFT: clean rollout samples, re-noised at a fresh subset of the rollout's timesteps."""
+    a = config.algorithm
+
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        x0, noise, sigma, cond = inputs["x0"], inputs["noise"], inputs["sigma"], inputs["cond"]
+        xt = sde.add_noise(x0, noise, sigma)
+        v = policy.velocity(xt, sigma, cond)
+        with torch.no_grad(), old():
+            v_old = policy.velocity(xt, sigma, cond)
+        v_ref = None
+        if a.nft_kappa > 0:
+            with torch.no_grad(), reference():
+                v_ref = policy.velocity(xt, sigma, cond)
+        r = nft.optimality(inputs["advantages"], a.adv_clip)
+        loss, metrics = nft.nft_loss(x0, xt, sigma, v, v_old, r, a.nft_beta, a.adv_clip, v_ref, a.nft_kappa)
+        return loss, metrics, {"velocity": v.detach()}
+
+    def batch(traj: Trajectory, step: int) -> CleanBatch:
+        schedule = policy.schedule(config.rollout.steps, config.rollout.height, config.rollout.width)[:-1]
+        pick = torch.randperm(len(schedule), generator=_generator(config, step, 1))[: a.nft_timesteps]
+        g = _generator(config, step, 2)
+        noise = torch.randn(traj.final.shape, generator=g).to(traj.final.device)
+        sigmas = schedule[pick].sort(descending=True).values.expand(len(traj), -1).contiguous()
+        return CleanBatch(x0=traj.final, noise=noise, sigmas=sigmas.to(traj.final.device), cond=traj.cond,
+                          advantages=traj.advantages, batch_size=[len(traj)])  # fmt: skip
+
+    def refresh(step: int) -> None:
+        from omnialign.models.lora import blend_adapter
+
+        blend_adapter(policy.transformer, "old", nft.old_decay(step, a.old_schedule))
+
+    objective = Objective(fn, resident=("x0", "noise", "cond", "advantages"), per_step={"sigma": ("sigmas", 0)})
+    return Algorithm(objective, batch, after_update=refresh, replays_window=False)
+
+
+def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -> Objective:
+    """Diffusion-DPO on pairs: flow-matching errors of policy and reference at a shared noise and sigma."""
+    a = config.algorithm
+
+    def errors(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor, cond: Any) -> torch.Tensor:
+        v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, cond)
+        return ((v.float() - sde.velocity_target(x0, noise)) ** 2).mean(dim=tuple(range(1, x0.dim())))
+
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        x0 = inputs["x0"].flatten(0, 1)  # (2P, ...): winner, loser, winner, ...
+        noise = inputs["noise"].unsqueeze(1).expand(inputs["x0"].shape).flatten(0, 1)
+        sigma = inputs["sigma"].repeat_interleave(2)
+        cond = inputs["cond"].flatten(0, 1)
+        e = errors(x0, noise, sigma, cond).view(-1, 2)
+        with torch.no_grad(), reference():
+            e_ref = errors(x0, noise, sigma, cond).view(-1, 2)
+        loss, metrics = preference.dpo_loss(-e[:, 0] / 2, -e[:, 1] / 2, -e_ref[:, 0] / 2, -e_ref[:, 1] / 2,
+                                            a.dpo_beta, a.dpo_loss, a.label_smoothing)  # fmt: skip
+        return loss, metrics, {"errors": e.detach()}
+
+    return Objective(fn, resident=("x0", "noise", "sigma", "cond"))
+
+
+def online_dpo(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """Online Diffusion-DPO: per prompt, the best and the worst of its n samples form a pair."""
+    a = config.algorithm
+
+    def batch(traj: Trajectory, step: int) -> PairBatch:
+        rows = preference.best_and_worst(traj.rewards.cpu(), traj.group.cpu()).to(traj.final.device)
+        pairs = len(rows) // 2
+        g = _generator(config, step, 3)
+        noise = torch.randn((pairs, *traj.final.shape[1:]), generator=g).to(traj.final.device)
+        sigma = sde.logit_normal(pairs, g, a.timestep_mean, a.timestep_std).to(traj.final.device)
+        return PairBatch(
+            x0=traj.final[rows].unflatten(0, (pairs, 2)), noise=noise, sigma=sigma,
+            cond=traj.cond[rows].reshape(pairs, 2), scores=traj.rewards[rows].view(pairs, 2),
+            batch_size=[pairs],
+        )  # fmt: skip
+
+    return Algorithm(dpo_objective(policy, config, reference), batch, replays_window=False)
+
+
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
+    "flowgrpo": policy_gradient,
+    "grpo_guard": policy_gradient,
+    "dppo": policy_gradient,
+    "distill": policy_gradient,
+    "nft": diffusion_nft,
+    "online_dpo": online_dpo,
+}
