@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from omnialign import rewards
 from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, to_dict
 from omnialign.engine import checkpoint, dist, fsdp, optim
 from omnialign.models import LOADERS, lora
@@ -131,12 +132,14 @@ def main(config: Config, resume: str | None = None) -> dict:
         prepare_run_dir(run_dir, config, fresh=resume_path is None)
     if config.algorithm.name in LANGUAGE_ALGORITHMS:
         return language.main(config, world, run_dir, resume_path)
+    reward_worker = rewards.RewardWorker(config.reward)  # resolves every reward before the model loads
     policy, contexts = build_policy(config, world)
     params = [p for p in policy.transformer.parameters() if p.requires_grad]
     optimizer, scheduler = optim.build(params, config.actor)
     algorithm = ALGORITHMS[config.algorithm.name](
         policy, config, contexts.get("reference"), contexts.get("teacher"), contexts.get("old")
     )
-    trainer = OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, run_dir,
+    trainer = OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, run_dir, reward_worker,
                             sync=dist.synchronizer(world.device))  # fmt: skip
-    return trainer.fit(resume_path)
+    with reward_worker:
+        return trainer.fit(resume_path)

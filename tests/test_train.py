@@ -36,7 +36,7 @@ def test_debug_run_writes_every_output(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert ["val/reward/mean" in r for r in records] == [True, False, True]
     expected = ["reward/mean", "reward/std", "reward/zero_std_ratio", "actor/clip_frac", "actor/approx_kl",
-                "actor/grad_norm", "rollout/diversity", "timing/rollout", "timing/reward", "timing/update"]  # fmt: skip
+                "actor/grad_norm", "rollout/diversity", "timing/rollout", "timing/reward_wait", "timing/update"]  # fmt: skip
     assert set(expected) <= set(records[1])
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "samples" / "step_000000.png").exists() and (run / "samples" / "step_000002.png").exists()

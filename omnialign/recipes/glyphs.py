@@ -1,10 +1,18 @@
-"""Recipes of the glyphs world: a tiny text-to-image model learns to draw the digits it is asked for."""
+"""Recipes of the glyphs world: a tiny text-to-image model learns to draw the digits it is asked for.
+
+Each algorithm of the diffusion family has a variant (`glyphs_<algorithm>`) that starts from the
+same shipped base model, prompts, reward and validation, so their curves compare directly.
+"""
+
+from pathlib import Path
 
 from omnialign.config import Config
 
+TEACHER = Path(__file__).resolve().parent.parent / "assets" / "glyphs" / "teacher"
+
 
 def glyphs() -> Config:
-    """FlowGRPO teaches the tiny glyphs generator to draw digits (OCR reward, CPU, ~10 min)."""
+    """FlowGRPO teaches the tiny glyphs generator to draw the asked-for digit (OCR reward, CPU, ~10 min)."""
     c = Config(name="glyphs", recipe="glyphs")
     c.data.prompts_per_step = 8
     c.rollout.n = 8
@@ -16,16 +24,91 @@ def glyphs() -> Config:
     c.actor.lr = 1e-4
     c.actor.micro_batch_size = 32
     c.actor.mini_batch_size = 32
-    c.trainer.total_steps = 200
+    c.trainer.total_steps = 150
     c.trainer.val_every = 10
     c.trainer.save_every = 50
     return c
 
 
-def glyphs_flowgrpo() -> Config:
-    """The glyphs recipe under its algorithm's name (FlowGRPO, SDE transitions)."""
+def _variant(name: str, algorithm: str) -> Config:
     c = glyphs()
-    c.name = c.recipe = "glyphs_flowgrpo"
+    c.name = c.recipe = name
+    c.algorithm.name = algorithm
+    return c
+
+
+def glyphs_flowgrpo() -> Config:
+    """FlowGRPO with SDE transitions (the default recipe under its algorithm's name)."""
+    return _variant("glyphs_flowgrpo", "flowgrpo")
+
+
+def glyphs_cps() -> Config:
+    """FlowGRPO with coefficients-preserving (CPS) transitions."""
+    c = _variant("glyphs_cps", "flowgrpo")
+    c.rollout.kind = "cps"
+    c.rollout.eta = 0.8
+    return c
+
+
+def glyphs_dance() -> Config:
+    """FlowGRPO with DanceGRPO's SDE transition."""
+    c = _variant("glyphs_dance", "flowgrpo")
+    c.rollout.kind = "dance"
+    c.rollout.eta = 0.3
+    return c
+
+
+def glyphs_mixgrpo() -> Config:
+    """MixGRPO: one SDE window for the whole batch, sliding from noise toward the image over training."""
+    c = _variant("glyphs_mixgrpo", "flowgrpo")
+    c.rollout.window_size = 4
+    c.rollout.window_schedule = "progressive"
+    c.rollout.window_shift_every = 25
+    return c
+
+
+def glyphs_grpo_guard() -> Config:
+    """GRPO-Guard: FlowGRPO with ratio normalisation and step reweighting."""
+    c = _variant("glyphs_grpo_guard", "grpo_guard")
+    c.algorithm.clip_range = 2e-4
+    return c
+
+
+def glyphs_dppo() -> Config:
+    """Flow-DPPO: a KL trust region on transition means instead of ratio clipping."""
+    c = _variant("glyphs_dppo", "dppo")
+    c.algorithm.dppo_tau = 1e-4
+    return c
+
+
+def glyphs_nft() -> Config:
+    """DiffusionNFT on a LoRA adapter: clean samples, CFG-free ODE rollout, `old` adapter by delayed EMA."""
+    c = _variant("glyphs_nft", "nft")
+    c.model.lora.rank = 32
+    c.model.lora.alpha = 32
+    c.rollout.window_size = 0
+    c.algorithm.nft_beta = 0.1
+    c.algorithm.nft_timesteps = 4
+    c.algorithm.old_schedule = "delayed_linear"
+    c.actor.lr = 3e-4
+    return c
+
+
+def glyphs_online_dpo() -> Config:
+    """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against the base model."""
+    c = _variant("glyphs_online_dpo", "online_dpo")
+    c.rollout.window_size = 0
+    c.algorithm.dpo_beta = 100.0
+    c.actor.micro_batch_size = 8
+    c.actor.mini_batch_size = None
+    c.actor.lr = 1e-4
+    return c
+
+
+def glyphs_distill() -> Config:
+    """On-policy distillation: a frozen teacher (the prompt-faithful pretraining stage) replays the student's states."""
+    c = _variant("glyphs_distill", "distill")
+    c.algorithm.teacher_path = str(TEACHER)
     return c
 
 

@@ -1,5 +1,7 @@
 """Colocated diffusion rollout: the training module generates under no_grad and returns a Trajectory."""
 
+from collections.abc import Callable
+
 import torch
 from tqdm import tqdm
 
@@ -57,13 +59,15 @@ def generate(
     progress: bool = False,
     step: int = 0,
     seed: int = 0,
+    on_chunk: Callable[[torch.Tensor, slice], None] = lambda images, rows: None,
 ) -> tuple[Trajectory, torch.Tensor]:
     """Sample one image per prompt with an SDE window per sample; returns (Trajectory, images (B, C, H, W)).
 
     prompts, group and seeds are per sample (B,); batches of `config.micro_batch_size` go through
     the network together. `step` and `seed` place the window of the shared schedules (MixGRPO).
     With `config.window_size=0` the whole path is the ODE and only the clean samples are kept.
-    The trajectory stays on `device`.
+    `on_chunk(images, rows)` runs as soon as a chunk is decoded (to score it while the next one
+    is generated). The trajectory stays on `device`.
     """
     sigmas = policy.schedule(config.steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
@@ -79,6 +83,7 @@ def generate(
             starts=starts[sl], window=config.window_size,
         )  # fmt: skip
         images.append(policy.decode(out.final))
+        on_chunk(images[-1], sl)
         parts.append(
             Trajectory(
                 final=out.final,

@@ -11,7 +11,7 @@ from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.batch import Trajectory
 from omnialign.config import Config
-from omnialign.data.prompts import load_prompts, prompts_for_step
+from omnialign.data.prompts import load_prompt_set, prompts_for_step
 from omnialign.engine import checkpoint, dist
 from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer, diversity, plot_curves, read_metrics, save_grid, to_host
@@ -34,6 +34,7 @@ class OnlineTrainer:
         algorithm: Algorithm,
         world: World,
         run_dir: Path,
+        reward_worker: rewards.RewardWorker,
         sync=lambda: None,
     ):
         self.config, self.policy, self.params = config, policy, params
@@ -42,19 +43,23 @@ class OnlineTrainer:
         self.actor_config = dataclasses.replace(config.actor, mini_batch_size=local_mini)
         self.optimizer, self.scheduler, self.algorithm = optimizer, scheduler, algorithm
         self.world, self.run_dir = world, Path(run_dir)
-        self.prompts = load_prompts(config.data.prompts)
-        self.val_prompts = load_prompts(config.data.val_prompts)
+        self.prompts, self.metadata = load_prompt_set(config.data.prompts)
+        self.val_prompts, self.val_metadata = load_prompt_set(config.data.val_prompts)
+        self.rewards = reward_worker
         self.timer = Timer(sync)
         self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
         self.progress = config.trainer.progress and world.is_main
 
     def train_step(self, step: int) -> dict[str, torch.Tensor]:
         c, device, phase = self.config, self.world.device, self.timer.phase
-        with phase("rollout"):
-            prompts, group, seeds = self.share_of_step(step)
-            traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress, step, c.seed)
-        with phase("reward"):
-            reward, parts = self.score(images, prompts)
+        with phase("rollout"):  # each chunk's rewards are computed while the next chunk is generated
+            prompts, meta, group, seeds = self.share_of_step(step)
+            futures = []
+            submit = lambda images, rows: futures.append(self.rewards.submit(images, prompts[rows], meta[rows]))  # noqa: E731
+            traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress, step,
+                                    c.seed, on_chunk=submit)  # fmt: skip
+        with phase("reward_wait"):
+            reward, parts, reward_metrics = self.collect(futures)
         with phase("advantage"):
             all_rewards = dist.all_gather(reward.to(device))
             advantages, adv_metrics = group_relative(
@@ -65,7 +70,7 @@ class OnlineTrainer:
             batch = self.algorithm.batch(traj, step)
         if c.actor.timestep_staging:
             batch = batch.cpu()
-        metrics = {}
+        metrics = reward_metrics
         if self.algorithm.replays_window and c.algorithm.old_log_probs == "recompute":
             with phase("old_log_probs"):
                 metrics.update(self.recompute_old(batch))
@@ -84,15 +89,16 @@ class OnlineTrainer:
         })  # fmt: skip
         return metrics
 
-    def share_of_step(self, step: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """This rank's prompts (whole groups of rollout.n), group ids and per-sample seeds of a step."""
+    def share_of_step(self, step: int) -> tuple[list[str], list[dict], torch.Tensor, torch.Tensor]:
+        """This rank's prompts (whole groups of rollout.n), their metadata, group ids and per-sample seeds."""
         c, n = self.config, self.config.rollout.n
         per_rank = c.data.prompts_per_step // self.world.size
         first = self.world.rank * per_rank
         index = prompts_for_step(self.prompts, c.data.prompts_per_step, c.seed, step)[first : first + per_rank]
         seeds = sample_seeds(c.seed, step, c.data.prompts_per_step * n)[first * n : (first + per_rank) * n]
         group = torch.arange(first, first + per_rank).repeat_interleave(n)
-        return [self.prompts[i] for i in index for _ in range(n)], group, seeds
+        prompts = [self.prompts[i] for i in index for _ in range(n)]
+        return prompts, [self.metadata[i] for i in index for _ in range(n)], group, seeds
 
     def recompute_old(self, traj: Trajectory) -> dict[str, torch.Tensor]:
         """Old-policy log-probs and means by a forward-only replay; returns the gap to the rollout's."""
@@ -102,16 +108,20 @@ class OnlineTrainer:
         traj.old_log_probs, traj.old_means = old["log_prob"].to(traj.device), old["mean"].to(traj.device)
         return {"actor/rollout_logprob_gap": (traj.old_log_probs - traj.log_probs).abs().mean()}
 
-    def score(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Rewards in chunks of the rollout micro-batch, with a progress bar."""
+    def collect(self, futures: list) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Wait for the rewards of every chunk (in order): total (B,), each reward (B,), and metrics."""
+        results = [f.result() for f in tqdm(futures, desc="reward", leave=False, disable=not self.progress)]
+        parts = {k: torch.cat([r.parts[k] for r in results]) for k in results[0].parts}
+        failed = {name: sum(name in r.failed for r in results) for name in parts}
+        metrics = {f"reward/{k}/failed_chunks": torch.tensor(float(v)) for k, v in failed.items() if v}
+        return torch.cat([r.total for r in results]), parts, metrics
+
+    def score(self, images: torch.Tensor, prompts: list[str], meta: list[dict]) -> torch.Tensor:
+        """Rewards of a batch in chunks of the rollout micro-batch (validation)."""
         chunk = self.config.rollout.micro_batch_size
-        totals, parts = [], []
-        for lo in tqdm(range(0, len(prompts), chunk), desc="reward", leave=False, disable=not self.progress):
-            scored = rewards.score(images[lo : lo + chunk], prompts[lo : lo + chunk],
-                                   [{} for _ in prompts[lo : lo + chunk]], self.config.reward)  # fmt: skip
-            totals.append(scored.total)
-            parts.append(scored.parts)
-        return torch.cat(totals), {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        futures = [self.rewards.submit(images[lo : lo + chunk], prompts[lo : lo + chunk], meta[lo : lo + chunk])
+                   for lo in range(0, len(prompts), chunk)]  # fmt: skip
+        return self.collect(futures)[0]
 
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, torch.Tensor]:
@@ -125,7 +135,8 @@ class OnlineTrainer:
         mine = slice(world.rank * share, (world.rank + 1) * share)
         seeds = torch.arange(len(padded)) + VAL_SEED
         images = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device)
-        reward, _ = self.score(images, padded[mine])
+        meta = [self.val_metadata[min(i, len(prompts) - 1) // n] for i in range(len(padded))]
+        reward = self.score(images, padded[mine], meta[mine])
         images = dist.all_gather(images)[: len(prompts)]
         reward = dist.all_gather(reward.to(world.device))[: len(prompts)]
         group = torch.arange(len(self.val_prompts)).repeat_interleave(n)

@@ -1,0 +1,29 @@
+"""Every glyphs recipe runs 2 steps end to end at debug sizes, with its own algorithm's metrics."""
+
+import pytest
+
+from omnialign.config import apply_overrides, validate
+from omnialign.metrics import read_metrics
+from omnialign.recipes import RECIPES
+from omnialign.train import main
+
+GLYPHS = [name for name in RECIPES if name.startswith("glyphs")]
+EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
+            "distill": "actor/distill_kl", "nft": "actor/nft/positive", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", GLYPHS)
+def test_recipe_runs_two_steps(name, tmp_path):
+    config = RECIPES[name]()
+    small = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.val_steps=4",
+             "data.val_seeds=1", "trainer.total_steps=2", "trainer.val_every=2", "trainer.save_every=2",
+             "trainer.progress=false", "actor.mini_batch_size=none", f"trainer.output_dir={tmp_path}",
+             f"actor.micro_batch_size={2 if config.algorithm.name == 'online_dpo' else 4}"]  # fmt: skip
+    if config.rollout.window_size:
+        small += ["rollout.window_size=2", "rollout.window_shift_every=1"]
+    summary = main(validate(apply_overrides(config, small)))
+    records = read_metrics(tmp_path / config.name / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert EXPECTED[config.algorithm.name] in records[1], sorted(records[1])
+    assert records[2]["actor/skipped_updates"] == 0
+    assert "val_reward_after" in summary
