@@ -1,0 +1,155 @@
+"""Plain Qwen3 causal LM as a `LanguagePolicy`, and the code every transformers language adapter shares.
+
+`CausalLMPolicy` holds the trained network (`transformer`), its tokenizer and the token ids that end
+a response. `token_logprobs` runs the network once with its output head replaced by `head_logprobs`: float32, a
+chunk of positions at a time (recomputed in backward), so the (B, T, V) float32 logits never exist at
+once, and inside the forward, where a sharded network's head weights are gathered.
+`generate` wraps transformers' `generate` and records the sampling log-prob of every generated token
+from the raw logits (before top-k/top-p), divided by the temperature as training does.
+"""
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+
+from omnialign.config import ModelConfig
+
+CHUNK = 256  # positions per float32 head chunk
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int = CHUNK,
+    banned: list[int] = (),
+) -> torch.Tensor:
+    """log softmax(hidden @ weight^T / temperature) at `targets`, in float32; `banned` token ids get no mass.
+
+    hidden: (B, L, H) final hidden states; weight: (V, H) output head; targets: (B, L) int64 -> (B, L).
+    With grad enabled each chunk is recomputed in backward, so only one chunk's logits are alive.
+    """
+    w = weight.float()
+
+    def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = (h.float() @ w.T) / temperature
+        if banned:
+            logits[..., list(banned)] = float("-inf")
+        return logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+    parts = []
+    for lo in range(0, targets.shape[1], chunk):
+        h, t = hidden[:, lo : lo + chunk], targets[:, lo : lo + chunk]
+        parts.append(checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled() else piece(h, t))
+    return torch.cat(parts, dim=1) if parts else hidden.new_zeros(targets.shape, dtype=torch.float32)
+
+
+class _LogProbRecorder(LogitsProcessor):
+    """Keeps log softmax(raw logits / temperature) of each step and gathers it at the token sampled next."""
+
+    def __init__(self, temperature: float):
+        self.temperature, self.previous, self.taken = temperature, None, []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.previous is not None:
+            self.taken.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def result(self, response: torch.Tensor) -> torch.Tensor:
+        """(B, R) log-probs of the generated tokens (the last step gathered here)."""
+        if self.previous is not None and len(self.taken) < response.shape[1]:
+            self.taken.append(self.previous.gather(-1, response[:, len(self.taken) : len(self.taken) + 1]).squeeze(-1))
+        return torch.stack(self.taken, dim=1) if self.taken else response.new_zeros(response.shape, dtype=torch.float)
+
+
+class CausalLMPolicy:
+    """`LanguagePolicy` over a transformers causal LM (Qwen3 and its relatives); text only."""
+
+    lora_targets = ATTENTION
+    frozen: list[nn.Module] = []
+    banned_token_ids: list[int] = []
+    """Token ids a response may not hold (media placeholders): suppressed in generation, no mass in log-probs."""
+
+    def __init__(self, transformer: nn.Module, tokenizer):
+        self.transformer, self.tokenizer = transformer, tokenizer
+        if tokenizer.pad_token_id is None:
+            raise ValueError(
+                f"the tokenizer of {transformer.name_or_path} has no pad token: set pad_token in tokenizer_config.json"
+            )
+        self.pad_token_id = tokenizer.pad_token_id
+        stop = transformer.generation_config.eos_token_id
+        stop = [stop] if isinstance(stop, int) else list(stop or [])
+        self.stop_token_ids = sorted({*stop, tokenizer.eos_token_id} - {None})
+
+    def to(self, device: torch.device) -> "CausalLMPolicy":
+        return self
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.transformer.model.layers)
+
+    def encode(self, messages: list[list[dict]]) -> tuple[list[list[int]], list[dict | None]]:
+        for i, conversation in enumerate(messages):
+            for message in conversation:
+                if not isinstance(message["content"], str):
+                    kinds = [c["type"] for c in message["content"] if c["type"] != "text"]
+                    if kinds:
+                        raise ValueError(
+                            f"prompt {i} holds {kinds} inputs but this model reads text only: "
+                            "use model.arch=qwen3_omni or a text-only data set"
+                        )
+        texts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+        return [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts], [None] * len(texts)
+
+    def forward_inputs(self, ids: torch.Tensor, mask: torch.Tensor, media: list | None) -> dict:
+        """Network inputs besides ids and mask: positions that skip the left padding (as generate uses)."""
+        return {"position_ids": (mask.long().cumsum(-1) - 1).clamp_min(0)}
+
+    def token_logprobs(
+        self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, start: int, temperature: float = 1.0
+    ) -> torch.Tensor:
+        if not 1 <= start < ids.shape[1]:
+            raise ValueError(f"token_logprobs: start={start} must lie in [1, {ids.shape[1]})")
+        # The head runs inside the network's forward (where a sharded network's weights are gathered): it
+        # returns the log-probs of the next tokens in place of logits; the last position predicts nothing.
+        head = self.transformer.get_output_embeddings()
+        targets = nn.functional.pad(ids[:, start:], (0, 1))
+        keep = ids.shape[1] - start + 1  # some networks (the omni thinker) ignore logits_to_keep: slice here too
+        head.forward = lambda hidden: head_logprobs(hidden[:, -keep:], head.weight, targets, temperature,
+                                                    banned=self.banned_token_ids)  # fmt: skip
+        try:
+            out = self.transformer(input_ids=ids, attention_mask=mask, **self.forward_inputs(ids, mask, media),
+                                   logits_to_keep=keep, use_cache=False)  # fmt: skip
+        finally:
+            del head.forward
+        return out.logits[:, :-1]
+
+    def media_inputs(self, media: list | None, device: torch.device) -> dict:
+        return {}
+
+    @torch.no_grad()
+    def generate(
+        self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, options: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        recorder = _LogProbRecorder(options.get("temperature", 1.0))
+        out = self.transformer.generate(
+            input_ids=ids, attention_mask=mask, **self.media_inputs(media, ids.device), **options,
+            eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id, tokenizer=self.tokenizer,
+            logits_processor=LogitsProcessorList([recorder]), use_cache=True, repetition_penalty=1.0,
+            suppress_tokens=self.banned_token_ids or None,
+        )  # fmt: skip
+        response = out[:, ids.shape[1] :]
+        return response, recorder.result(response)
+
+
+def load(config: ModelConfig) -> CausalLMPolicy:
+    """A Qwen3 (or other transformers causal LM) checkpoint folder with its tokenizer."""
+    if not config.path or not Path(config.path).is_dir():
+        raise FileNotFoundError(f"model.path={config.path!r}: give the local folder of a Qwen3 checkpoint")
+    net = AutoModelForCausalLM.from_pretrained(config.path, dtype=getattr(torch, config.dtype))
+    return CausalLMPolicy(net, AutoTokenizer.from_pretrained(config.path))
