@@ -8,6 +8,8 @@ torchrun --nproc-per-node 4 -m omnialign train RECIPE   # FSDP2 over 4 processes
 omnialign export runs/glyphs/checkpoints/step_000200 --to out/   # PEFT/diffusers adapter or full model
 omnialign serve-reward ocr --port 8000       # a reward over HTTP (docs/rewards.md)
 omnialign prepare glyphs                     # retrain the shipped glyphs base model and OCR
+omnialign prepare choice                     # retrain the shipped choice-world language model
+omnialign prepare avqa ITEMS.json OUT.parquet  # also mmk12, omni-preference (omnialign/data/omni.py)
 omnialign prepare ocr INPUT_DIR OUT_DIR      # OCR prompt files (train.txt, test.txt) to parquet (docs/data.md)
 omnialign prepare offline-dpo PROMPTS OUT_DIR model.arch=sd3 model.path=DIR reward.weights='{"ocr": 1}'
 """
@@ -80,6 +82,26 @@ def cmd_prepare_offline_dpo(args: argparse.Namespace) -> None:
     c = counts
     print(f"{args.out_dir}: {c['pairs']} pairs from {c['generated']} prompts in {c['chunks']} new chunks "
           f"({c['done_before']} done before; {c['skipped']} prompts skipped: their candidates tied)")  # fmt: skip
+
+
+def cmd_prepare_choice(args: argparse.Namespace) -> None:
+    from omnialign.trainer.pretrain_choice import ChoicePretrainConfig, prepare_choice
+
+    config = ChoicePretrainConfig()
+    for key in ("out", "seed", "steps", "bias", "noise"):
+        if getattr(args, key) is not None:
+            setattr(config, key, getattr(args, key))
+    prepare_choice(config)
+
+
+def cmd_prepare_language(args: argparse.Namespace) -> None:
+    from omnialign.data.omni import prepare
+
+    try:
+        counts = prepare(args.what, args.source, args.out, args.media_root, args.val_fraction, args.skip_missing)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"prepare {args.what}: {e}") from None
+    print(f"wrote {args.out}: {counts['train']} train, {counts['val']} val rows ({counts['dropped']} items dropped)")
 
 
 def cmd_serve_reward(args: argparse.Namespace) -> None:
@@ -169,6 +191,24 @@ def parser() -> argparse.ArgumentParser:
                     "there; NAME must be a key of reward.weights (repeatable)")  # fmt: skip
     pd.add_argument("--no-progress", action="store_true", help="no progress bar")
     pd.set_defaults(fn=cmd_prepare_offline_dpo)
+    pc = prep.add_parser("choice", help="pretrain the choice world's base language model and its noised student")
+    pc.add_argument("--out", help="output folder (default: the package's shipped assets)")
+    pc.add_argument("--seed", type=int)
+    pc.add_argument("--steps", type=int)
+    pc.add_argument("--bias", type=float, help="share of training answers replaced by the letter A")
+    pc.add_argument("--noise", type=float, help="student noise, times each weight matrix's RMS")
+    pc.set_defaults(fn=cmd_prepare_choice)
+    for kind, what in (("avqa", "audio-visual multiple-choice questions"), ("mmk12", "math questions with images"),
+                       ("omni-preference", "multimodal preference pairs")):  # fmt: skip
+        pl = prep.add_parser(kind, help=f"{what} (JSON/JSONL) to the language parquet layout (omnialign.data.omni)")
+        pl.add_argument("source", help="a JSON list or JSONL file of items")
+        pl.add_argument("out", help="output .parquet file")
+        pl.add_argument("--media-root", help="folder media paths are relative to (default: the source's folder)")
+        pl.add_argument(
+            "--val-fraction", type=float, default=0.05, help="share of items without a split that go to val"
+        )
+        pl.add_argument("--skip-missing", action="store_true", help="drop items whose media files are missing")
+        pl.set_defaults(fn=cmd_prepare_language)
     sr = sub.add_parser("serve-reward", help="serve a reward over HTTP (docs/rewards.md)")
     sr.add_argument("reward", help="a key of omnialign.rewards.REWARDS, or path/to/file.py:function")
     sr.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 for all)")

@@ -44,7 +44,8 @@ def load_trained_network(checkpoint_dir: Path) -> tuple[Config, torch.nn.Module,
     net, lora_config = policy.transformer, None
     spec = config.model.lora
     if spec.rank > 0:
-        lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets)
+        lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets,
+                                      exclude=spec.exclude)  # fmt: skip
     options = StateDictOptions(ignore_frozen_params=True, strict=False)
     state = {"model": get_model_state_dict(net, options=options)}
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)

@@ -1,11 +1,11 @@
-"""The vocabulary trainers use to talk to a model: the `DiffusionPolicy` protocol.
+"""The vocabulary trainers use to talk to a model: the `DiffusionPolicy` and `LanguagePolicy` protocols.
 
 An adapter turns (model, batch) into a few tensors; everything else (transitions, losses) is
 model-free math in `diffusion/` and `algorithms/`. Parallelism and LoRA are applied to
 `policy.transformer` from outside (`engine/`, `models/lora.py`), never inside an adapter.
 """
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -45,4 +45,54 @@ class DiffusionPolicy(Protocol):
 
     def blocks(self) -> list[nn.Module]:
         """The repeated blocks of `transformer`, the units for sharding and checkpointing."""
+        ...
+
+
+class LanguagePolicy(Protocol):
+    """A causal language model (plain or omni-modal) as trainers see it. Prompts are chat messages:
+    `[{"role": "user", "content": "text" or [{"type": "text"|"image"|"audio"|"video", ...}]}]`, media
+    items naming a file (`"image": path`) or holding the decoded data (PIL image, float waveform at 16 kHz,
+    frames array (T, H, W, 3))."""
+
+    transformer: nn.Module
+    """The trained network (the causal LM, or the omni thinker). Named as in `DiffusionPolicy`, so LoRA,
+    sharding, checkpoints, export and the frozen reference treat both families alike."""
+    lora_targets: list[str]
+    """Default LoRA target module names (full paths where a short name would also hit frozen towers)."""
+    tokenizer: Any
+    """The transformers tokenizer (chat template, decoding, stop strings)."""
+    stop_token_ids: list[int]
+    """Token ids that end a response (end of turn, end of text)."""
+    pad_token_id: int
+    """Padding id of prompts (left) and responses (right)."""
+    frozen: list[nn.Module]
+    """Parts of `transformer` that never train (media towers); kept frozen under full fine-tuning too."""
+
+    def to(self, device: torch.device) -> "LanguagePolicy":
+        """Move the frozen components (media towers of an unsharded model) to the device; returns self.
+        The trained network is placed by the engine."""
+        ...
+
+    def encode(self, messages: list[list[dict]]) -> tuple[list[list[int]], list[dict | None]]:
+        """Chat-format each prompt with the generation prompt appended: its token ids (media placeholders
+        expanded) and its encoded media tensors (None for a text-only prompt)."""
+        ...
+
+    def token_logprobs(
+        self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, start: int, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """log pi(ids[:, t] | ids[:, :t]) for t >= start, (B, T - start) float32, from ids and mask (B, T)
+        (left-padded prompt, then response); logits divided by `temperature`; float32 head, in chunks."""
+        ...
+
+    def generate(
+        self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, options: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Continue left-padded prompts (B, P): response ids (B, R) (pad after each stop) and the sampling
+        log-probs of every generated position (B, R) float32. `options`: transformers generation kwargs
+        (do_sample, temperature, top_p, top_k, max_new_tokens, stop_strings)."""
+        ...
+
+    def blocks(self) -> list[nn.Module]:
+        """The decoder layers of `transformer`, the units for sharding and checkpointing."""
         ...

@@ -16,9 +16,13 @@ from peft.tuners.lora import LoraLayer
 from torch import nn
 
 
-def apply_lora(module: nn.Module, rank: int, alpha: float, targets: list[str]) -> LoraConfig:
-    """Inject a trainable `default` LoRA adapter into `targets`; freezes every other parameter."""
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=True)
+def apply_lora(
+    module: nn.Module, rank: int, alpha: float, targets: list[str], exclude: list[str] | None = None
+) -> LoraConfig:
+    """Inject a trainable `default` LoRA adapter into `targets` (minus the `exclude` module names); freezes
+    every other parameter."""
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, exclude_modules=exclude,
+                        init_lora_weights=True)  # fmt: skip
     module.requires_grad_(False)
     try:
         inject_adapter_in_model(config, module, adapter_name="default")

@@ -198,3 +198,93 @@ def sd3(path: str | Path, seed: int = 0) -> Path:
     )
     pipeline.save_pretrained(path)
     return Path(path)
+
+
+# --------------------------------------------------------------------------- language models
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}"
+    "{% for c in m.content %}{% if c.type == 'text' %}{{ c.text }}"
+    "{% elif c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c.type == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
+    "{% elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MEDIA_TOKENS = {"audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>",
+                "audio_token": "<|audio_pad|>", "vision_bos_token": "<|vision_start|>",
+                "vision_eos_token": "<|vision_end|>", "image_token": "<|image_pad|>",
+                "video_token": "<|video_pad|>"}  # fmt: skip
+
+
+def byte_tokenizer(words: tuple[str, ...] = ()) -> Qwen2Tokenizer:
+    """A byte-level Qwen2 tokenizer without merges (each byte one token, ids 0-255), then the chat and media
+    special tokens, then `words` as single ordinary tokens; Qwen's chat template (text and media items)."""
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *MEDIA_TOKENS.values()]
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                               extra_special_tokens=MEDIA_TOKENS, chat_template=CHAT_TEMPLATE)  # fmt: skip
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in specials])
+    tokenizer.add_tokens(list(words))
+    return tokenizer
+
+
+def qwen3(path: str | Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
+    """Build a tiny random `Qwen3ForCausalLM` (vocab 512, byte tokenizer) and save it with its tokenizer at `path`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    tokenizer = byte_tokenizer()
+    config = Qwen3Config(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                         max_position_embeddings=1024, tie_word_embeddings=False,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return Path(path)
+
+
+def qwen3_omni(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random Qwen3-Omni (thinker only: no talker, no code-to-wave) in the released folder layout:
+    `Qwen3OmniMoeForConditionalGeneration` weights and config, byte tokenizer with the media tokens, and one
+    `preprocessor_config.json` for images (patch 16, merge 2, 32-64 px) and audio (Whisper, 128 mel bins)."""
+    import json
+
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    torch.manual_seed(seed)
+    tokenizer = byte_tokenizer()
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in MEDIA_TOKENS.items()}
+    text = dict(vocab_size=512, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2],
+                                 "mrope_interleaved": True},
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    audio = dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=32,
+                 num_mel_bins=128, downsample_hidden_size=16)  # fmt: skip
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=16,
+        out_hidden_size=32,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        deepstack_visual_indexes=[0],
+        num_position_embeddings=64,
+    )
+    thinker = dict(text_config=text, audio_config=audio, vision_config=vision, audio_token_id=ids["audio_token"],
+                   image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+                   audio_start_token_id=ids["audio_bos_token"],
+                   vision_start_token_id=ids["vision_bos_token"])  # fmt: skip
+    model = Qwen3OmniMoeForConditionalGeneration(Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    images = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
+                                      size={"shortest_edge": 32 * 32, "longest_edge": 64 * 64})  # fmt: skip
+    pre = {**WhisperFeatureExtractor(feature_size=128).to_dict(), **images.to_dict()}
+    (Path(path) / "preprocessor_config.json").write_text(json.dumps(pre, indent=2, default=str))
+    return Path(path)

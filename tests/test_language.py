@@ -1,0 +1,215 @@
+"""Language models on tiny random twins: adapters, rollout, objectives, data preparation, every recipe, resume."""
+
+import json
+import math
+import wave
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from omnialign.algorithms.policy_gradient import ppo_clip
+from omnialign.cli import main as cli
+from omnialign.config import GenerationConfig, ModelConfig, apply_overrides, validate
+from omnialign.data.language import cap_by_modality, load_records, pair_batches
+from omnialign.engine import checkpoint
+from omnialign.export import write_adapter
+from omnialign.metrics import read_metrics
+from omnialign.models import lora, qwen3, qwen3_omni, tiny
+from omnialign.recipes import RECIPES
+from omnialign.rollout.language import generate, response_lengths
+from omnialign.train import main
+from omnialign.trainer.language_objectives import pair_scores
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    return {"qwen3": tiny.qwen3(root / "qwen3"), "qwen3_omni": tiny.qwen3_omni(root / "omni")}
+
+
+def write_media(root, n=4):
+    """n images (PNG) and n one-second tones (16-bit WAV) under root."""
+    for i in range(n):
+        Image.fromarray((np.random.default_rng(i).random((40, 48, 3)) * 255).astype(np.uint8)).save(root / f"{i}.png")
+        tone = (np.sin(np.arange(16000) * 2 * math.pi * (200 + 50 * i) / 16000) * 8000).astype(np.int16)
+        with wave.open(str(root / f"{i}.wav"), "wb") as f:
+            f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000), f.writeframes(tone.tobytes())
+
+
+@pytest.fixture(scope="module")
+def omni_data(tmp_path_factory):
+    """AVQA-style questions and omni preference pairs over images and audio, prepared by the CLI."""
+    root = tmp_path_factory.mktemp("omni_data")
+    write_media(root)
+    avqa = [{"id": f"q{i}", ("image" if i % 2 else "audio"): f"{i % 4}.{'png' if i % 2 else 'wav'}",
+             "question": "What is it?", "options": ["a dog", "a car"], "answer": i % 2,
+             "split": "val" if i >= 8 else "train"} for i in range(12)]  # fmt: skip
+    pairs = [{"id": f"p{i}", ("image" if i % 2 else "audio"): f"{i % 4}.{'png' if i % 2 else 'wav'}",
+              "prompt": "Describe it.", "chosen": "a dog", "rejected": "a car",
+              "split": "val" if i >= 8 else "train"} for i in range(12)]  # fmt: skip
+    (root / "avqa.json").write_text(json.dumps(avqa))
+    (root / "pairs.jsonl").write_text("\n".join(json.dumps(p) for p in pairs))
+    cli(["prepare", "avqa", str(root / "avqa.json"), str(root / "avqa.parquet")])
+    cli(["prepare", "omni-preference", str(root / "pairs.jsonl"), str(root / "pairs.parquet")])
+    return root
+
+
+def test_head_logprobs_equal_log_softmax_in_chunks():
+    hidden, weight = torch.randn(2, 5, 8, requires_grad=True), torch.randn(11, 8)
+    targets = torch.randint(0, 11, (2, 5))
+    out = qwen3.head_logprobs(hidden, weight, targets, temperature=0.7, chunk=2)
+    expected = torch.log_softmax(hidden @ weight.T / 0.7, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(out, expected)
+    (grad,) = torch.autograd.grad(out.sum(), hidden)
+    torch.testing.assert_close(grad, torch.autograd.grad(expected.sum(), hidden)[0])
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_omni"])
+def test_rollout_log_probs_equal_the_training_forward(models, arch, tmp_path):
+    """Porting check: the sampling log-probs recorded during generation equal a full forward's, with media."""
+    policy = {"qwen3": qwen3, "qwen3_omni": qwen3_omni}[arch].load(ModelConfig(arch=arch, path=str(models[arch])))
+    prompts = [[{"role": "user", "content": "Hello"}]]
+    if arch == "qwen3_omni":
+        write_media(tmp_path, 1)
+        frames = (np.random.default_rng(0).random((3, 32, 32, 3)) * 255).astype(np.uint8)
+        prompts += [[{"role": "user", "content": [{"type": "image", "image": str(tmp_path / "0.png")},
+                                                  {"type": "audio", "audio": str(tmp_path / "0.wav")},
+                                                  {"type": "text", "text": "What?"}]}],
+                    [{"role": "user", "content": [{"type": "video", "video": frames},
+                                                  {"type": "text", "text": "?"}]}]]  # fmt: skip
+    config = GenerationConfig(max_new_tokens=6, micro_batch_size=8)
+    batch, texts = generate(policy, prompts, 2, torch.arange(len(prompts)), config, torch.device("cpu"), seed=3)
+    assert len(texts) == 2 * len(prompts) and batch.batch_size[0] == 2 * len(prompts)
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
+    with torch.no_grad():
+        logp = policy.token_logprobs(ids, mask, batch.media, batch.prompt_ids.shape[1])
+    torch.testing.assert_close(logp * batch.response_mask, batch.log_probs * batch.response_mask, atol=1e-4, rtol=0)
+    again, _ = generate(policy, prompts, 2, torch.arange(len(prompts)), config, torch.device("cpu"), seed=3)
+    assert torch.equal(again.response_ids, batch.response_ids)  # seeded per step
+
+
+def test_response_ends_at_the_first_stop_token_or_string(models):
+    policy = qwen3.load(ModelConfig(arch="qwen3", path=str(models["qwen3"])))
+    tok = policy.tokenizer
+    rows = [tok("ab</answer>cd").input_ids, tok("xy").input_ids + [tok.eos_token_id] + tok("zz").input_ids]
+    width = max(map(len, rows))
+    response = torch.tensor([r + [policy.pad_token_id] * (width - len(r)) for r in rows])
+    assert response_lengths(policy, response, ["</answer>"]).tolist() == [len("ab</answer>"), 3]
+    assert response_lengths(policy, response, []).tolist() == [width, 3]
+
+
+def test_omni_lora_targets_only_language_attention_and_export_lines_up(models, tmp_path):
+    from peft import PeftModel
+
+    policy = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"])))
+    net = policy.transformer
+    config = lora.apply_lora(net, 4, 8, policy.lora_targets)
+    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in net.named_parameters() if ".lora_A." in n}
+    assert adapted and all(".language_model." in n and ".self_attn." in n for n in adapted)
+    assert len(adapted) == 4 * len(net.model.language_model.layers)
+    with torch.no_grad():
+        for layer in lora.lora_layers(net):
+            layer.lora_B["default"].weight.normal_()
+    write_adapter(net, config, tmp_path / "adapter")
+    fresh = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"]))).transformer
+    loaded = PeftModel.from_pretrained(fresh, tmp_path / "adapter")
+    ids = torch.randint(0, 256, (1, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, net(input_ids=ids).logits)
+    with pytest.raises(ValueError, match="MoE experts"):
+        qwen3_omni.check_lora_targets(["q_proj", "down_proj"])
+
+
+def test_distillation_term_hand_values():
+    """OPD: reward -(logp_old - logp_teacher) per token, importance-sampled: at rho = 1 the loss is old - teacher."""
+    old, teacher = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    logp = old.clone().requires_grad_(True)
+    loss, _ = ppo_clip(logp, old, -(old - teacher), 0.2, 0.28, adv_clip=None)
+    torch.testing.assert_close(loss, torch.tensor([0.5, -1.0]))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.5, -1.0]))  # lowers logp where the teacher disagrees
+
+
+def test_pair_scores_sum_or_average():
+    logp, mask = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, -9.0, -9.0]]), torch.tensor([[1.0, 1, 0], [1, 0, 0]])
+    torch.testing.assert_close(pair_scores(logp, mask, average=False), torch.tensor([-3.0, -3.0]))
+    torch.testing.assert_close(pair_scores(logp, mask, average=True), torch.tensor([-1.5, -3.0]))
+
+
+def test_validation_cap_is_split_evenly_and_batches_hold_one_modality():
+    records = [{"modality": "image", "i": i} for i in range(10)] + [{"modality": "audio", "i": i} for i in range(2)]
+    capped = cap_by_modality(records, 6)
+    assert [r["modality"] for r in capped].count("audio") == 2 and len(capped) == 6  # the unused share goes on
+    assert [r["modality"] for r in cap_by_modality(records, 4)].count("audio") == 2
+    for step in range(1, 12):
+        index = pair_batches(records, 3, seed=0, step=step)
+        assert len(index) == 3 and len({records[i]["modality"] for i in index}) == 1
+    assert pair_batches(records, 3, 0, 5) == pair_batches(records, 3, 0, 5)
+
+
+def test_prepare_reports_missing_media_up_front(tmp_path, omni_data):
+    items = [{"id": "a", "image": "0.png", "question": "Q", "options": ["x", "y"], "answer": "B"},
+             {"id": "b", "image": "nope.png", "question": "Q", "options": ["x", "y"], "answer": 0}]  # fmt: skip
+    (omni_data / "bad.json").write_text(json.dumps(items))
+    with pytest.raises(SystemExit, match="nope.png"):
+        cli(["prepare", "avqa", str(omni_data / "bad.json"), str(tmp_path / "bad.parquet")])
+    assert not (tmp_path / "bad.parquet").exists()
+    cli(["prepare", "avqa", str(omni_data / "bad.json"), str(tmp_path / "ok.parquet"), "--skip-missing",
+         "--val-fraction", "0"])  # fmt: skip
+    (record,) = load_records(str(tmp_path / "ok.parquet"), "train")
+    assert record["ground_truth"] == "B" and record["modality"] == "image"
+    assert record["prompt"][0]["content"][0]["image"] == str((omni_data / "0.png").resolve())
+    val = load_records(str(omni_data / "pairs.parquet"), "val")
+    assert {r["modality"] for r in val} == {"image", "audio"} and val[0]["chosen"] == "a dog"
+
+
+TINY = ["trainer.total_steps=2", "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
+        "data.prompts_per_step=2", "rollout.n=2", "data.val_limit=4", "actor.micro_batch_size=4",
+        "actor.mini_batch_size=null", "generation.max_new_tokens=4"]  # fmt: skip
+
+
+def recipe_config(name, models, omni_data, tmp_path, *extra):
+    overrides = [f"trainer.output_dir={tmp_path}", *TINY]
+    if name.startswith("choice"):
+        overrides += [f"model.path={models['qwen3']}"]
+        if name == "choice_distill":
+            overrides += [f"algorithm.teacher_path={models['qwen3']}"]
+    else:
+        data = omni_data / ("pairs.parquet" if name.endswith("dpo") else "avqa.parquet")
+        overrides += [f"model.path={models['qwen3_omni']}", "model.dtype=float32", f"data.prompts={data}",
+                      f"data.val_prompts={data}", "model.lora.rank=4", "model.lora.alpha=8"]  # fmt: skip
+    return validate(apply_overrides(RECIPES[name](), [*overrides, *extra]))
+
+
+LANGUAGE_RECIPES = [n for n in RECIPES if n.startswith(("choice", "qwen3_omni"))]
+
+
+@pytest.mark.parametrize("name", LANGUAGE_RECIPES)
+def test_every_language_recipe_runs_two_steps(name, models, omni_data, tmp_path):
+    summary = main(recipe_config(name, models, omni_data, tmp_path))
+    run = tmp_path / name
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2] and summary["steps"] == 2
+    assert all(math.isfinite(r["actor/loss"]) for r in records[1:])
+    assert checkpoint.latest(run).name == "step_000002"
+    if name.endswith("dpo"):
+        assert "val/dpo/margin" in records[-1] and "timing/reference" in records[1]
+    else:
+        assert (run / "samples" / "step_000002.jsonl").exists() and "reward/mean" in records[1]
+
+
+def test_language_run_resumes_identically(models, omni_data, tmp_path):
+    args = ["trainer.total_steps=3", "trainer.save_every=2", "trainer.val_every=2"]
+    main(recipe_config("choice_dapo", models, omni_data, tmp_path / "a", *args))
+    main(recipe_config("choice_dapo", models, omni_data, tmp_path / "b", *args, "trainer.total_steps=2"))
+    main(recipe_config("choice_dapo", models, omni_data, tmp_path / "b", *args), resume="auto")
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
+
+    a = strip(read_metrics(tmp_path / "a" / "choice_dapo" / "metrics.jsonl"))
+    b = strip(read_metrics(tmp_path / "b" / "choice_dapo" / "metrics.jsonl"))
+    assert [r["step"] for r in b] == [0, 1, 2, 3] and a == b
