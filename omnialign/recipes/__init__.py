@@ -1,6 +1,6 @@
 """Recipes: functions returning a full `Config`. A variant calls its base and edits a few fields."""
 
-from omnialign.recipes import choice, glyphs, qwen3_omni
+from omnialign.recipes import choice, glyphs, qwen3_omni, qwen_image
 
 RECIPES = {
     "glyphs": glyphs.glyphs,
@@ -14,6 +14,11 @@ RECIPES = {
     "glyphs_online_dpo": glyphs.glyphs_online_dpo,
     "glyphs_distill": glyphs.glyphs_distill,
     "debug": glyphs.debug,
+    "qwen_image_ocr_flowgrpo_lora": qwen_image.qwen_image_ocr_flowgrpo_lora,
+    "qwen_image_ocr_flowgrpo_full": qwen_image.qwen_image_ocr_flowgrpo_full,
+    "qwen_image_ocr_dppo_lora": qwen_image.qwen_image_ocr_dppo_lora,
+    "qwen_image_ocr_nft_lora": qwen_image.qwen_image_ocr_nft_lora,
+    "qwen_image_ocr_online_dpo_lora": qwen_image.qwen_image_ocr_online_dpo_lora,
     "choice_dapo": choice.choice_dapo,
     "choice_grpo": choice.choice_grpo,
     "choice_gspo": choice.choice_gspo,

@@ -1,0 +1,75 @@
+"""Qwen-Image text-rendering recipes mirroring the published FlowGRPO family (512x512, 10 rollout steps).
+
+Point `model.path` at a local Qwen-Image pipeline folder and `data.prompts` / `data.val_prompts` at
+the parquet files of `omnialign prepare ocr` (the public OCR prompt set). The reward is OCR of the
+quoted text (`ocr`, Tesseract; `reward.weights={"ocr_vlm": 1}` with `reward.options` uses a VLM
+behind an OpenAI-compatible endpoint). Sizes are the global batch; under torchrun each GPU takes
+its share of the prompts.
+"""
+
+from omnialign.config import Config
+
+
+def qwen_image_ocr_flowgrpo_lora() -> Config:
+    """FlowGRPO on Qwen-Image OCR: LoRA r64/a128, 32 prompts x 16 images, true CFG 4, eta 1.2, window 2 in [0, 5)."""
+    c = Config(name="qwen_image_ocr_flowgrpo_lora", recipe="qwen_image_ocr_flowgrpo_lora")
+    c.model.arch, c.model.path, c.model.dtype = "qwen_image", "models/Qwen-Image", "bfloat16"
+    c.model.lora.rank, c.model.lora.alpha = 64, 128
+    c.data.prompts, c.data.val_prompts = "data/ocr/train.parquet", "data/ocr/test.parquet"
+    c.data.prompts_per_step = 32
+    c.data.val_seeds = 1
+    c.rollout.n = 16
+    c.rollout.steps, c.rollout.val_steps = 10, 50
+    c.rollout.height = c.rollout.width = 512
+    c.rollout.guidance, c.rollout.cfg_rescale, c.rollout.negative_prompt = 4.0, True, " "
+    c.rollout.kind, c.rollout.eta = "sde", 1.2
+    c.rollout.window_size, c.rollout.window_start, c.rollout.window_end = 2, 0, 5
+    c.rollout.micro_batch_size = 16
+    c.reward.weights = {"ocr": 1.0}
+    c.algorithm.clip_range = 1e-5
+    c.actor.lr = 3e-4
+    c.actor.micro_batch_size = 16
+    c.engine.activation_checkpointing = True
+    c.trainer.total_steps = 1000
+    c.trainer.val_every = 50
+    c.trainer.save_every = 50
+    return c
+
+
+def qwen_image_ocr_flowgrpo_full() -> Config:
+    """FlowGRPO on Qwen-Image OCR, full fine-tuning: no CFG, lr 3e-5, fp32 master weights and optimizer state."""
+    c = qwen_image_ocr_flowgrpo_lora()
+    c.name = c.recipe = "qwen_image_ocr_flowgrpo_full"
+    c.model.lora.rank = c.model.lora.alpha = 0
+    c.rollout.guidance, c.rollout.cfg_rescale = 1.0, False
+    c.actor.lr = 3e-5
+    return c
+
+
+def qwen_image_ocr_dppo_lora() -> Config:
+    """Flow-DPPO on Qwen-Image OCR (LoRA): the KL trust region replaces ratio clipping."""
+    c = qwen_image_ocr_flowgrpo_lora()
+    c.name = c.recipe = "qwen_image_ocr_dppo_lora"
+    c.algorithm.name, c.algorithm.dppo_tau = "dppo", 1e-5
+    return c
+
+
+def qwen_image_ocr_nft_lora() -> Config:
+    """DiffusionNFT on Qwen-Image OCR (LoRA): 24 prompts x 12 images, CFG-free ODE rollout."""
+    c = qwen_image_ocr_flowgrpo_lora()
+    c.name = c.recipe = "qwen_image_ocr_nft_lora"
+    c.algorithm.name, c.algorithm.nft_beta, c.algorithm.nft_kappa = "nft", 0.1, 1e-4
+    c.data.prompts_per_step, c.rollout.n = 24, 12
+    c.rollout.guidance, c.rollout.cfg_rescale, c.rollout.window_size = 1.0, False, 0
+    c.actor.micro_batch_size = 12
+    return c
+
+
+def qwen_image_ocr_online_dpo_lora() -> Config:
+    """Online Diffusion-DPO on Qwen-Image OCR (LoRA): 16 samples per prompt, top against bottom."""
+    c = qwen_image_ocr_flowgrpo_lora()
+    c.name = c.recipe = "qwen_image_ocr_online_dpo_lora"
+    c.algorithm.name, c.algorithm.dpo_beta = "online_dpo", 100.0
+    c.rollout.window_size = 0
+    c.actor.micro_batch_size = 8  # pairs
+    return c
