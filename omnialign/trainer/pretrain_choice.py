@@ -5,9 +5,9 @@
 
 A tiny `Qwen3ForCausalLM` (byte tokenizer with `<answer>` and `</answer>` as single tokens) learns to
 answer the choice questions (`omnialign.data.choice`) as `<answer>X</answer>`; but a share `bias` of its
-training answers is the letter A whatever the question, so the shipped model leans towards A and its
-greedy validation accuracy leaves room for RL. `student/` is that model with Gaussian noise of
-`noise` x each weight matrix's RMS added (the distillation recipe's starting point).
+training answers is the letter A whatever the question, so the shipped model leans towards A (after 250
+steps its greedy answers are all A: validation accuracy 0.24) and leaves room for RL. `student/` is that
+model with Gaussian noise of `noise` x each weight matrix's RMS added (the distillation's starting point).
 """
 
 import json
@@ -35,7 +35,7 @@ class ChoicePretrainConfig:
     """Optimizer steps (batch 64)."""
     lr: float = 2e-3
     """Peak learning rate (one-cycle)."""
-    bias: float = 0.5
+    bias: float = 0.3
     """Share of training answers replaced by the letter A (the shipped model's flaw)."""
     noise: float = 0.25
     """Student noise: std = noise x the RMS of each weight matrix."""
