@@ -1,6 +1,16 @@
 """Benchmarks: `omnialign bench NAME`. Each prints a table and writes JSON; figures go to BENCHMARKS.md.
 
     omnialign bench staging --windows 2 10 50 --modes off on prefetch --out staging.json
+    omnialign bench recipe --recipe qwen_image_ocr_flowgrpo_lora --prompts 8 --steps 1 --out flowgrpo.json
+
+`recipe`: full training steps of a Qwen-Image recipe at one GPU's share of its global batch
+(`--prompts` prompts x the recipe's rollout.n images) on the full-size pipeline with random weights
+(transformer 20.4 B, Qwen2.5-VL-7B text encoder, VAE; bf16) built in memory: images per GPU per
+second, seconds per phase, peak memory and MFU. MFU counts the transformer's model FLOPs (rollout
+forwards with CFG; training forward + backward, the backward costed as 1x forward for LoRA and 2x
+for full fine-tuning; activation recomputation not counted; text encoder and VAE not counted) over
+`--peak` TFLOP/s (the measured bf16 matmul peak). The reward is a CPU stand-in (`jpeg_compressibility`)
+so the figure measures the trainer; prompts are short OCR prompts (128 text tokens).
 
 `staging`: the FlowGRPO update of a Qwen-Image-size transformer (the released config, random
 weights, bf16, peft LoRA r64 on the 12 projections, activation checkpointing, FSDP2 at world
@@ -98,6 +108,128 @@ def bench_staging(windows: list[int], modes: list[str], tiny: bool = False, micr
     return rows
 
 
+OCR_PROMPTS = [f'A storefront sign that says "{w}"' for w in
+               ("OPEN", "BAKERY", "EXIT 12", "HELLO", "SALE 50%", "CAFE", "STOP", "PARK", "BOOKS", "TAXI", "HOTEL",
+                "PHARMACY", "GARAGE", "MUSEUM", "LIBRARY", "STATION")]  # fmt: skip
+
+
+def transformer_flops(layers: int, dim: int, image_tokens: int, text_tokens: int) -> float:
+    """MM-DiT forward FLOPs of one sample: dense layers per stream (24 L d^2 per token) + joint attention."""
+    tokens = image_tokens + text_tokens
+    return 24 * layers * dim**2 * tokens + 4 * layers * dim * tokens**2
+
+
+def full_qwen_image(device: torch.device, text_tokens: int) -> QwenImagePolicy:
+    """The Qwen-Image pipeline at its released sizes with random weights, built on `device` in bf16."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from omnialign.models.tiny import QWEN_IMAGE_SCHEDULER, qwen2_tokenizer
+
+    text = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6,
+                rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default"})  # fmt: skip
+    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            transformer = QwenImageTransformer2DModel(**QWEN_IMAGE)
+            encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+            vae = AutoencoderKLQwenImage()
+    finally:
+        torch.set_default_dtype(default)
+    return QwenImagePolicy(transformer, vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval(),
+                           qwen2_tokenizer(), FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
+                           max_sequence_length=text_tokens)  # fmt: skip
+
+
+def bench_recipe(recipe: str, prompts: int, steps: int, tiny: bool, peak_tflops: float, work: Path) -> list[dict]:
+    """Full training steps of a recipe at one GPU's share; see the module docstring."""
+    import dataclasses
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from omnialign import rewards
+    from omnialign.config import apply_overrides, validate
+    from omnialign.engine import optim
+    from omnialign.models import tiny as tiny_models
+    from omnialign.models.qwen_image import load
+    from omnialign.recipes import RECIPES
+    from omnialign.train import build_policy
+    from omnialign.trainer.objectives import ALGORITHMS
+    from omnialign.trainer.online import OnlineTrainer
+
+    world = dist.init()
+    work.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"prompt": OCR_PROMPTS, "ground_truth": [p.split('"')[1] for p in OCR_PROMPTS]}),
+                   work / "prompts.parquet")  # fmt: skip
+    overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
+                 f"data.prompts_per_step={prompts}",
+                 'reward.weights={"jpeg_compressibility": 1.0}', "model.text_tokens=128", "trainer.progress=false",
+                 f"trainer.output_dir={work}"]  # fmt: skip
+    if tiny:
+        overrides += ["model.dtype=float32", "rollout.height=32", "rollout.width=32", "rollout.n=4",
+                      "rollout.micro_batch_size=4", "actor.micro_batch_size=2",
+                      "engine.activation_checkpointing=false"]  # fmt: skip
+    config = validate(apply_overrides(RECIPES[recipe](), overrides))
+    config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
+    if tiny:
+        config.model.path = str(tiny_models.qwen_image(work / "tiny"))
+        policy = load(config.model)
+    else:
+        policy = full_qwen_image(world.device, config.model.text_tokens)
+    policy, contexts = build_policy(config, world, policy)
+    params = [p for p in policy.transformer.parameters() if p.requires_grad]
+    optimizer, scheduler = optim.build(params, config.actor)
+    algorithm = ALGORITHMS[config.algorithm.name](policy, config, contexts.get("reference"), contexts.get("teacher"),
+                                                  contexts.get("old"))  # fmt: skip
+    rows = []
+    with rewards.RewardWorker(config.reward) as worker:
+        trainer = OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, work / "run", worker,
+                                sync=dist.synchronizer(world.device))  # fmt: skip
+        for step in range(1, steps + 1):
+            if world.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            trainer.train_step(step)
+            phases = trainer.timer.pop()
+            rows.append(recipe_row(config, step, phases, peak_tflops, policy, world))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, world) -> dict:
+    """images/GPU/s, phase seconds, peak memory and MFU of one measured step."""
+    r, a = config.rollout, config.algorithm
+    images = config.data.prompts_per_step * r.n // world.size
+    seconds = sum(phases.values())
+    tc = policy.transformer.config
+    grid = policy.latent_shape(r.height, r.width)
+    forward = transformer_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim, grid[0] * grid[1],
+                                config.model.text_tokens or 512)  # fmt: skip
+    cfg = 2 if r.guidance != 1.0 else 1
+    backward = 1 if config.model.lora.rank else 2
+    if a.name == "nft":
+        train = a.nft_timesteps * (3 + backward)  # v, v_old, v_ref forwards + backward of v
+        rollout_fwd = r.steps
+    elif a.name == "online_dpo":
+        train = 2 * (1 + backward) / r.n * 2  # two pair members per prompt, policy + reference
+        rollout_fwd = r.steps * cfg
+    else:
+        train = r.window_size * cfg * (1 + backward) + (r.window_size * cfg if a.kl_coef > 0 else 0)
+        rollout_fwd = r.steps * cfg
+    flops = images * forward * (rollout_fwd + train)
+    return {
+        "recipe": config.recipe, "step": step, "images": images, "step_s": round(seconds, 1),
+        "images_per_gpu_s": round(images / seconds, 3),
+        **{k.removeprefix("timing/") + "_s": round(v, 1) for k, v in phases.items()},
+        "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
+        "tflop_per_image": round(flops / images / 1e12, 1), "mfu": round(flops / seconds / (peak_tflops * 1e12), 3),
+        "peak_tflops": peak_tflops,
+    }  # fmt: skip
+
+
 def print_table(rows: list[dict]) -> None:
     keys = list(rows[0])
     print(" | ".join(keys))
@@ -105,11 +237,12 @@ def print_table(rows: list[dict]) -> None:
         print(" | ".join(str(r[k]) for k in keys))
 
 
-def main(name: str, windows: list[int], modes: list[str], tiny: bool, out: str | None) -> None:
-    if name != "staging":
-        raise SystemExit(f"unknown benchmark {name!r}; available: staging")
-    rows = bench_staging(windows, modes, tiny)
+def main(name: str, args) -> None:
+    if name == "staging":
+        rows = bench_staging(args.windows, args.modes, args.tiny)
+    else:
+        rows = bench_recipe(args.recipe, args.prompts, args.steps, args.tiny, args.peak, Path(args.work))
     print_table(rows)
-    if out:
-        Path(out).write_text(json.dumps({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                                         "torch": torch.__version__, "rows": rows}, indent=2))  # fmt: skip
+    if args.out:
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=2))

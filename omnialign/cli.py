@@ -134,7 +134,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_bench(args: argparse.Namespace) -> None:
     from omnialign.bench import main
 
-    main(args.name, args.windows, args.modes, args.tiny, args.out)
+    main(args.name, args)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -148,7 +148,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="auto|CHECKPOINT", help="continue from the newest checkpoint or a given one")
     t.set_defaults(fn=cmd_train)
     be = sub.add_parser("bench", help="speed and memory benchmarks (results go to BENCHMARKS.md)")
-    be.add_argument("name", choices=["staging"])
+    be.add_argument("name", choices=["staging", "recipe"])
+    be.add_argument("--recipe", default="qwen_image_ocr_flowgrpo_lora", help="recipe: a Qwen-Image recipe")
+    be.add_argument("--prompts", type=int, default=8, help="recipe: prompts per GPU per step")
+    be.add_argument("--steps", type=int, default=1, help="recipe: measured training steps")
+    be.add_argument("--peak", type=float, default=786.0, help="recipe: bf16 matmul peak TFLOP/s for MFU")
+    be.add_argument("--work", default="runs/bench", help="recipe: scratch folder")
     be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
     be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"])
     be.add_argument("--tiny", action="store_true", help="a tiny config, to check the benchmark itself on a CPU")

@@ -38,6 +38,9 @@ class ModelConfig:
     """Compute dtype of the trained network: float32 or bfloat16."""
     shift: float | None = None
     """Static shift of the sigma schedule; None takes the model's own (glyphs: 1, SD3: 3, Qwen-Image: dynamic)."""
+    text_tokens: int | None = None
+    """Text length prompt conditions are padded (and truncated) to; None keeps the pipeline's default
+    (Qwen-Image 512, SD3's T5 256). Shorter is cheaper and exact while prompts fit."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter of the trained network (rank 0: full fine-tuning)."""
 

@@ -72,11 +72,14 @@ def frozen_copy(net: nn.Module, blocks: list[nn.Module], config: Config, world: 
     return frozen
 
 
-def build_policy(config: Config, world: dist.World) -> tuple[DiffusionPolicy, dict[str, Context]]:
+def build_policy(
+    config: Config, world: dist.World, policy: DiffusionPolicy | None = None
+) -> tuple[DiffusionPolicy, dict[str, Context]]:
     """The sharded policy on its device and the contexts its algorithm computes under: `reference`
-    (adapters off, or a frozen copy), `old` (the second LoRA adapter) and `teacher`."""
+    (adapters off, or a frozen copy), `old` (the second LoRA adapter) and `teacher`. `policy`
+    defaults to loading `config.model` (a benchmark passes one built in memory)."""
     a, spec = config.algorithm, config.model.lora
-    policy = LOADERS[config.model.arch](config.model)
+    policy = policy or LOADERS[config.model.arch](config.model)
     net, blocks, contexts = policy.transformer, policy.blocks(), {}
     need_reference = a.kl_coef > 0 or (a.name == "nft" and a.nft_kappa > 0) or a.name in ("online_dpo", "diffusion_dpo")
     if spec.rank > 0:

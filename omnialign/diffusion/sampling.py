@@ -70,7 +70,7 @@ def sample(
 
     With window=0 this is plain ODE sampling (validation) and the captured tensors are empty.
     """
-    batch, device = len(generators), cond.device
+    batch, device = len(generators), generators[0].device
     x = per_sample_noise(generators, latent_shape, device)
     starts = torch.zeros(batch, dtype=torch.long) if starts is None else starts
     in_window = [(starts <= k) & (k < starts + window) for k in range(len(sigmas) - 1)]

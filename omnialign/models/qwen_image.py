@@ -186,4 +186,5 @@ def load(config: ModelConfig) -> QwenImagePolicy:
         tokenizer=tokenizer,
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler"),
         shift=config.shift,
+        max_sequence_length=config.text_tokens or MAX_SEQUENCE_LENGTH,
     )

@@ -146,4 +146,5 @@ def load(config: ModelConfig) -> SD3Policy:
         text_encoders=tuple(e.requires_grad_(False).eval() for e in encoders),
         tokenizers=tuple(AutoTokenizer.from_pretrained(root / name) for name in PARTS[-3:]),
         shift=config.shift or scheduler.config.shift,
+        max_sequence_length=config.text_tokens or MAX_SEQUENCE_LENGTH,
     )
