@@ -38,6 +38,9 @@ class ModelConfig:
     """Compute dtype of the trained network: float32 or bfloat16."""
     shift: float | None = None
     """Static shift of the sigma schedule; None takes the model's own (glyphs: 1, SD3: 3, Qwen-Image: dynamic)."""
+    transformer_only: bool = False
+    """Load only the trained network: offline training from stored latents and prompt embeddings needs
+    no VAE and no text encoders (diffusion adapters)."""
     text_tokens: int | None = None
     """Text length prompt conditions are padded (and truncated) to; None keeps the pipeline's default
     (Qwen-Image 512, SD3's T5 256). Shorter is cheaper and exact while prompts fit."""
@@ -54,6 +57,10 @@ class DataConfig:
     """Distinct prompts per step; each is sampled rollout.n times (one group)."""
     val_prompts: str = "digits"
     """Validation prompts (every prompt of the set is used). Language algorithms: as data.prompts (its val split)."""
+    pairs: str | None = None
+    """Offline Diffusion-DPO: the training pairs, a folder of `omnialign prepare offline-dpo` chunks."""
+    val_pairs: str | None = None
+    """Offline Diffusion-DPO: held-out pairs for implicit reward accuracy (None: no validation)."""
     val_seeds: int = 8
     """Validation images per prompt, each from a fixed seed."""
     val_limit: int | None = None
@@ -348,7 +355,7 @@ def validate(config: Config) -> Config:
     """Cross-field checks that would otherwise fail deep inside a run; raises ConfigError."""
     r, a, d = config.rollout, config.actor, config.data
     window_end = r.steps if r.window_end is None else r.window_end
-    if config.algorithm.name == "online_dpo":  # one pair per prompt
+    if config.algorithm.name in ("online_dpo", "diffusion_dpo"):  # one pair per prompt
         batch, unit = d.prompts_per_step, "pairs: one per prompt, data.prompts_per_step"
     else:
         batch, unit = d.prompts_per_step * r.n, "samples: data.prompts_per_step * rollout.n"

@@ -1,31 +1,22 @@
 """Build a run from a config and train it: `main(config)`. The command line is `omnialign train`.
 
-Order matters: load on the host, add LoRA, make the reference, shard (which places the trained
-network on the device), then move the frozen components.
+Checks what can fail early, prepares the run folder, then hands over to the trainer of the
+algorithm: online diffusion (`trainer/online.py`), offline Diffusion-DPO (`trainer/offline.py`)
+or the language loops (`trainer/language.py`).
 """
 
-import copy
-import dataclasses
 import json
 import shutil
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
-
-import torch
-from torch import nn
 
 from omnialign import rewards
 from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, to_dict
-from omnialign.engine import checkpoint, dist, fsdp, optim
-from omnialign.models import LOADERS, lora
-from omnialign.models.base import DiffusionPolicy
-from omnialign.models.reference import swapped_network
-from omnialign.trainer import language
+from omnialign.engine import checkpoint, dist, optim
+from omnialign.models import LOADERS
+from omnialign.trainer import language, offline
+from omnialign.trainer.build import build_policy
 from omnialign.trainer.objectives import ALGORITHMS
 from omnialign.trainer.online import OnlineTrainer
-
-Context = Callable[[], AbstractContextManager]
 
 
 def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
@@ -56,63 +47,11 @@ def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
 
 
-def same_blocks(source: nn.Module, copy_: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
-    """The blocks of a deep copy that correspond to `blocks` of its source."""
-    names = {id(m): name for name, m in source.named_modules()}
-    return [copy_.get_submodule(names[id(b)]) for b in blocks]
-
-
-def frozen_copy(net: nn.Module, blocks: list[nn.Module], config: Config, world: dist.World) -> nn.Module:
-    """A frozen, sharded copy of a network (the reference of full fine-tuning, or a teacher)."""
-    frozen = copy.deepcopy(net).requires_grad_(False).eval()
-    names = {id(m): name for name, m in net.named_modules()}
-    e = config.engine
-    fsdp.shard(frozen, [frozen.get_submodule(names[id(b)]) for b in blocks], fsdp.mesh(world),
-               getattr(torch, config.model.dtype), False, e.cpu_offload)  # fmt: skip
-    return frozen
-
-
-def build_policy(
-    config: Config, world: dist.World, policy: DiffusionPolicy | None = None
-) -> tuple[DiffusionPolicy, dict[str, Context]]:
-    """The sharded policy on its device and the contexts its algorithm computes under: `reference`
-    (adapters off, or a frozen copy), `old` (the second LoRA adapter) and `teacher`. `policy`
-    defaults to loading `config.model` (a benchmark passes one built in memory)."""
-    a, spec = config.algorithm, config.model.lora
-    policy = policy or LOADERS[config.model.arch](config.model)
-    net, blocks, contexts = policy.transformer, policy.blocks(), {}
-    need_reference = a.kl_coef > 0 or (a.name == "nft" and a.nft_kappa > 0) or a.name in ("online_dpo", "diffusion_dpo")
-    if spec.rank > 0:
-        lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets)
-        contexts["reference"] = lambda: lora.adapters_disabled(net)
-        if a.name == "nft":
-            lora.add_adapter(net, "old", lora_config)
-            contexts["old"] = lambda: lora.use_adapter(net, "old")
-    else:
-        net.requires_grad_(True).float()  # fp32 master weights; compute runs in model.dtype (FSDP mixed precision)
-        if need_reference:
-            contexts["reference"] = swapped_network(policy, frozen_copy(net, blocks, config, world))
-    if a.teacher_path:
-        teacher = LOADERS[config.model.arch](dataclasses.replace(config.model, path=a.teacher_path)).transformer
-        contexts["teacher"] = swapped_network(policy, frozen_copy(teacher.float(), teacher_blocks(policy, teacher),
-                                                                  config, world))  # fmt: skip
-    e = config.engine
-    fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
-               e.cpu_offload, e.reshard_after_forward)  # fmt: skip
-    return policy.to(world.device), contexts
-
-
-def teacher_blocks(policy: DiffusionPolicy, teacher: nn.Module) -> list[nn.Module]:
-    """The teacher's blocks, found by the names of the student's (same architecture)."""
-    names = {id(m): name for name, m in policy.transformer.named_modules()}
-    return [teacher.get_submodule(names[id(b)]) for b in policy.blocks()]
-
-
 def main(config: Config, resume: str | None = None) -> dict:
     """Train `config` (validated) and return the validation summary (before/after)."""
     if config.model.arch not in LOADERS:
         raise ConfigError(f"model.arch={config.model.arch!r}: choose one of {sorted(LOADERS)}")
-    if config.algorithm.name not in ALGORITHMS and config.algorithm.name not in LANGUAGE_ALGORITHMS:
+    if config.algorithm.name not in (*ALGORITHMS, *LANGUAGE_ALGORITHMS, "diffusion_dpo"):
         raise ConfigError(
             f"algorithm.name={config.algorithm.name!r} has no trainer yet; choose one of {list(ALGORITHMS)}"
         )
@@ -135,6 +74,8 @@ def main(config: Config, resume: str | None = None) -> dict:
         prepare_run_dir(run_dir, config, fresh=resume_path is None)
     if config.algorithm.name in LANGUAGE_ALGORITHMS:
         return language.main(config, world, run_dir, resume_path)
+    if config.algorithm.name == "diffusion_dpo":
+        return offline.diffusion_dpo(config, world, run_dir).fit(resume_path)
     reward_worker = rewards.RewardWorker(config.reward)  # resolves every reward before the model loads
     policy, contexts = build_policy(config, world)
     params = [p for p in policy.transformer.parameters() if p.requires_grad]

@@ -36,7 +36,8 @@ def test_debug_run_writes_every_output(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert ["val/reward/mean" in r for r in records] == [True, False, True]
     expected = ["reward/mean", "reward/std", "reward/zero_std_ratio", "actor/clip_frac", "actor/approx_kl",
-                "actor/grad_norm", "rollout/diversity", "timing/rollout", "timing/reward_wait", "timing/update"]  # fmt: skip
+                "actor/grad_norm", "rollout/diversity", "timing/rollout", "timing/reward_wait",
+                "timing/update"]  # fmt: skip
     assert set(expected) <= set(records[1])
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "samples" / "step_000000.png").exists() and (run / "samples" / "step_000002.png").exists()
@@ -104,8 +105,8 @@ def test_non_finite_update_is_skipped_and_counted():
     before = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    batch = Trajectory(final=torch.zeros(4, 2), latents=torch.zeros(4, 2, 2), log_probs=torch.zeros(4, 1), means=torch.zeros(4, 1, 2),
-                       sigmas=torch.zeros(4, 2), cond=TensorDict(batch_size=[4]), uncond=None,
+    batch = Trajectory(final=torch.zeros(4, 2), latents=torch.zeros(4, 2, 2), log_probs=torch.zeros(4, 1),
+                       means=torch.zeros(4, 1, 2), sigmas=torch.zeros(4, 2), cond=TensorDict(batch_size=[4]), uncond=None,
                        group=torch.zeros(4), seeds=torch.zeros(4), batch_size=[4])  # fmt: skip
 
     def fn(inputs):

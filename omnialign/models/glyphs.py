@@ -71,13 +71,14 @@ class GlyphsPolicy:
 
     lora_targets = LORA_TARGETS
 
-    def __init__(self, transformer: SD3Transformer2DModel, text_encoder: CharEncoder, shift: float = 1.0):
+    def __init__(self, transformer: SD3Transformer2DModel, text_encoder: CharEncoder | None, shift: float = 1.0):
         self.transformer = transformer
         self.text_encoder = text_encoder
         self.shift = shift
 
     def to(self, device: torch.device) -> "GlyphsPolicy":
-        self.text_encoder.to(device)
+        if self.text_encoder is not None:
+            self.text_encoder.to(device)
         return self
 
     @torch.no_grad()
@@ -116,5 +117,7 @@ def load(config: ModelConfig | None = None) -> GlyphsPolicy:
     if not (root / "transformer").is_dir():
         raise FileNotFoundError(f"no glyphs model at {root}: run `omnialign prepare glyphs --out {root}`")
     transformer = SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)
+    if config.transformer_only:  # offline training on stored prompt conditions
+        return GlyphsPolicy(transformer, None, shift=shift)
     text_encoder = CharEncoder.from_pretrained(root / "text_encoder").requires_grad_(False).eval()
     return GlyphsPolicy(transformer, text_encoder, shift=shift)

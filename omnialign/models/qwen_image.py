@@ -60,9 +60,9 @@ class QwenImagePolicy:
     def __init__(
         self,
         transformer: QwenImageTransformer2DModel,
-        vae: AutoencoderKLQwenImage,
-        text_encoder: Qwen2_5_VLForConditionalGeneration,
-        tokenizer: PreTrainedTokenizerBase,
+        vae: AutoencoderKLQwenImage | None,
+        text_encoder: Qwen2_5_VLForConditionalGeneration | None,
+        tokenizer: PreTrainedTokenizerBase | None,
         scheduler: FlowMatchEulerDiscreteScheduler,
         shift: float | None = None,
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
@@ -74,11 +74,12 @@ class QwenImagePolicy:
         self.scheduler = scheduler
         self.shift = shift  # None: the dynamic shift of the scheduler config
         self.max_sequence_length = max_sequence_length
-        self.vae_scale_factor = 2 ** len(vae.config.temperal_downsample)
+        self.vae_scale_factor = 8 if vae is None else 2 ** len(vae.config.temperal_downsample)
 
     def to(self, device: torch.device) -> "QwenImagePolicy":
         for module in (self.vae, self.text_encoder):  # the engine places the transformer
-            module.to(device)
+            if module is not None:
+                module.to(device)
         return self
 
     @torch.no_grad()
@@ -170,6 +171,10 @@ def load(config: ModelConfig) -> QwenImagePolicy:
             "QwenImagePipeline.save_pretrained (or a local copy of the Qwen/Qwen-Image repository)"
         )
     dtype = getattr(torch, config.dtype)
+    if config.transformer_only:  # offline training on stored latents and embeddings
+        transformer = QwenImageTransformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)
+        return QwenImagePolicy(transformer, None, None, None, FlowMatchEulerDiscreteScheduler.from_pretrained(
+            root / "scheduler"), shift=config.shift)  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
     prefix = tokenizer(PROMPT_TEMPLATE.split("{}")[0]).input_ids
     if len(prefix) != TEMPLATE_TOKENS:

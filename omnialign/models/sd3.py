@@ -47,9 +47,9 @@ class SD3Policy:
     def __init__(
         self,
         transformer: SD3Transformer2DModel,
-        vae: AutoencoderKL,
-        text_encoders: tuple[CLIPTextModelWithProjection, CLIPTextModelWithProjection, T5EncoderModel],
-        tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase, PreTrainedTokenizerBase],
+        vae: AutoencoderKL | None,
+        text_encoders: tuple[CLIPTextModelWithProjection, CLIPTextModelWithProjection, T5EncoderModel] | None,
+        tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None,
         shift: float = 3.0,
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
     ):
@@ -59,11 +59,12 @@ class SD3Policy:
         self.tokenizers = tokenizers
         self.shift = shift
         self.max_sequence_length = max_sequence_length
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.vae_scale_factor = 8 if vae is None else 2 ** (len(vae.config.block_out_channels) - 1)
 
     def to(self, device: torch.device) -> "SD3Policy":
-        for module in (self.vae, *self.text_encoders):  # the engine places the transformer
-            module.to(device)
+        for module in (self.vae, *(self.text_encoders or ())):  # the engine places the transformer
+            if module is not None:
+                module.to(device)
         return self
 
     def _tokens(self, index: int, prompts: list[str], length: int) -> torch.Tensor:
@@ -134,14 +135,17 @@ def load(config: ModelConfig) -> SD3Policy:
             "of a stabilityai/stable-diffusion-3(.5) repository, T5 included)"
         )
     dtype = getattr(torch, config.dtype)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler")
+    transformer = SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)
+    if config.transformer_only:  # offline training on stored latents and embeddings
+        return SD3Policy(transformer, None, None, None, shift=config.shift or scheduler.config.shift)
     encoders = (
         CLIPTextModelWithProjection.from_pretrained(root / "text_encoder", dtype=dtype),
         CLIPTextModelWithProjection.from_pretrained(root / "text_encoder_2", dtype=dtype),
         T5EncoderModel.from_pretrained(root / "text_encoder_3", dtype=dtype),
     )
-    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler")
     return SD3Policy(
-        transformer=SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype),
+        transformer=transformer,
         vae=AutoencoderKL.from_pretrained(root / "vae", torch_dtype=dtype).requires_grad_(False).eval(),
         text_encoders=tuple(e.requires_grad_(False).eval() for e in encoders),
         tokenizers=tuple(AutoTokenizer.from_pretrained(root / name) for name in PARTS[-3:]),

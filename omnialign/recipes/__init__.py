@@ -1,6 +1,6 @@
 """Recipes: functions returning a full `Config`. A variant calls its base and edits a few fields."""
 
-from omnialign.recipes import choice, glyphs, qwen3_omni, qwen_image
+from omnialign.recipes import choice, glyphs, qwen3_omni, qwen_image, sd3
 
 RECIPES = {
     "glyphs": glyphs.glyphs,
@@ -19,6 +19,7 @@ RECIPES = {
     "qwen_image_ocr_dppo_lora": qwen_image.qwen_image_ocr_dppo_lora,
     "qwen_image_ocr_nft_lora": qwen_image.qwen_image_ocr_nft_lora,
     "qwen_image_ocr_online_dpo_lora": qwen_image.qwen_image_ocr_online_dpo_lora,
+    "sd3_offline_dpo": sd3.sd3_offline_dpo,
     "choice_dapo": choice.choice_dapo,
     "choice_grpo": choice.choice_grpo,
     "choice_gspo": choice.choice_gspo,

@@ -169,28 +169,36 @@ def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -
             e_ref = errors(x0, noise, sigma, cond).view(-1, 2)
         loss, metrics = preference.dpo_loss(-e[:, 0] / 2, -e[:, 1] / 2, -e_ref[:, 0] / 2, -e_ref[:, 1] / 2,
                                             a.dpo_beta, a.dpo_loss, a.label_smoothing)  # fmt: skip
-        return loss, metrics, {"errors": e.detach()}
+        return loss, metrics, {"errors": e.detach(), "ref_errors": e_ref}
 
     return Objective(fn, resident=("x0", "noise", "sigma", "cond"))
+
+
+def pair_batch(
+    x0: torch.Tensor, cond: Any, scores: torch.Tensor, generator: torch.Generator, config: Config
+) -> PairBatch:
+    """Adjacent winner/loser rows (2P, ...) to a `PairBatch` with one noise and one logit-normal sigma per pair."""
+    pairs = len(x0) // 2
+    noise = torch.randn((pairs, *x0.shape[1:]), generator=generator).to(x0.device)
+    sigma = sde.logit_normal(pairs, generator, config.algorithm.timestep_mean, config.algorithm.timestep_std)
+    return PairBatch(x0=x0.unflatten(0, (pairs, 2)), noise=noise, sigma=sigma.to(x0.device),
+                     cond=cond.reshape(pairs, 2), scores=scores.view(pairs, 2), batch_size=[pairs])  # fmt: skip
+
+
+def dpo_accuracy(errors: torch.Tensor, ref_errors: torch.Tensor, beta: float) -> dict[str, torch.Tensor]:
+    """Implicit reward accuracy and margin of pairs from (P, 2) flow-matching errors (winner first)."""
+    z = (ref_errors[:, 0] - errors[:, 0] - ref_errors[:, 1] + errors[:, 1]) / 2
+    return {"dpo/accuracy": (z > 0).float().mean(), "dpo/margin": (beta * z).mean()}
 
 
 def online_dpo(
     policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
 ) -> Algorithm:
     """Online Diffusion-DPO: per prompt, the best and the worst of its n samples form a pair."""
-    a = config.algorithm
 
     def batch(traj: Trajectory, step: int) -> PairBatch:
         rows = preference.best_and_worst(traj.rewards.cpu(), traj.group.cpu()).to(traj.final.device)
-        pairs = len(rows) // 2
-        g = _generator(config, step, 3)
-        noise = torch.randn((pairs, *traj.final.shape[1:]), generator=g).to(traj.final.device)
-        sigma = sde.logit_normal(pairs, g, a.timestep_mean, a.timestep_std).to(traj.final.device)
-        return PairBatch(
-            x0=traj.final[rows].unflatten(0, (pairs, 2)), noise=noise, sigma=sigma,
-            cond=traj.cond[rows].reshape(pairs, 2), scores=traj.rewards[rows].view(pairs, 2),
-            batch_size=[pairs],
-        )  # fmt: skip
+        return pair_batch(traj.final[rows], traj.cond[rows], traj.rewards[rows], _generator(config, step, 3), config)
 
     return Algorithm(dpo_objective(policy, config, reference), batch, replays_window=False)
 

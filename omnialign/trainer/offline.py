@@ -126,3 +126,48 @@ def language_dpo(
 
     return OfflineTrainer(config, policy.transformer, params, optimizer, scheduler, objective, world, run_dir,
                           batch_of_step, {"reference": with_reference}, validate, "val/dpo/accuracy")  # fmt: skip
+
+
+def diffusion_dpo(config: Config, world: World, run_dir: Path) -> OfflineTrainer:
+    """Offline Diffusion-DPO on the pairs of `omnialign prepare offline-dpo` (`data.pairs`): stored latents
+    and prompt embeddings, so the policy loads without VAE and text encoders; one noise and one
+    logit-normal sigma per pair and step; held-out implicit reward accuracy on `data.val_pairs`."""
+    from omnialign.data.offline_dpo import PairLoader
+    from omnialign.data.prompts import prompts_for_step
+    from omnialign.engine import optim
+    from omnialign.trainer.build import build_policy
+    from omnialign.trainer.objectives import dpo_accuracy, dpo_objective, pair_batch
+
+    c = config
+    if not c.data.pairs:
+        raise ValueError("algorithm.name=diffusion_dpo trains on stored pairs: set data.pairs=DIR "
+                         "(written by `omnialign prepare offline-dpo`)")  # fmt: skip
+    loader = PairLoader(c.data.pairs)
+    val_loader = PairLoader(c.data.val_pairs) if c.data.val_pairs else None
+    policy, contexts = build_policy(dataclasses.replace(c, model=dataclasses.replace(c.model, transformer_only=True)),
+                                    world)  # fmt: skip
+    params = [p for p in policy.transformer.parameters() if p.requires_grad]
+    optimizer, scheduler = optim.build(params, c.actor)
+    objective = dpo_objective(policy, c, contexts["reference"])
+    per_rank = c.data.prompts_per_step // world.size
+    every_pair = list(range(len(loader)))
+
+    def batch_of_step(step: int):
+        index = prompts_for_step(every_pair, c.data.prompts_per_step, c.seed, step)
+        pairs = loader.read(index[world.rank * per_rank : (world.rank + 1) * per_rank]).to(world.device)
+        g = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
+        return pair_batch(pairs.latents, pairs.cond, pairs.scores, g, c)
+
+    @torch.no_grad()
+    def validate(step: int) -> dict[str, torch.Tensor]:
+        if val_loader is None:
+            return {}
+        pairs = val_loader.read(list(range(len(val_loader)))).to(world.device)
+        batch = pair_batch(pairs.latents, pairs.cond, pairs.scores, torch.Generator().manual_seed(2**40), c)
+        out = actor.infer(objective, batch, c.actor.micro_batch_size, world.device)
+        metrics = dpo_accuracy(out["errors"][:, 0], out["ref_errors"][:, 0], c.algorithm.dpo_beta)
+        return {f"val/{k}": v for k, v in metrics.items()}
+
+    key = "val/dpo/accuracy" if val_loader is not None else "actor/dpo/accuracy"
+    return OfflineTrainer(config, policy.transformer, params, optimizer, scheduler, objective, world, run_dir,
+                          batch_of_step, {}, validate, key)  # fmt: skip

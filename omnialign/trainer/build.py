@@ -1,0 +1,65 @@
+"""Build the policy a diffusion trainer trains: load, LoRA, reference/old/teacher contexts, shard.
+
+Order matters: load on the host, add LoRA, make the frozen copies, shard (which places the trained
+network on the device), then move the frozen components.
+"""
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+from torch import nn
+
+from omnialign.config import Config
+from omnialign.engine import dist, fsdp
+from omnialign.models import LOADERS, lora
+from omnialign.models.base import DiffusionPolicy
+from omnialign.models.reference import swapped_network
+
+Context = Callable[[], AbstractContextManager]
+
+
+def frozen_copy(net: nn.Module, blocks: list[nn.Module], config: Config, world: dist.World) -> nn.Module:
+    """A frozen, sharded copy of a network (the reference of full fine-tuning, or a teacher)."""
+    return shard_frozen(copy.deepcopy(net), net, blocks, config, world)
+
+
+def shard_frozen(frozen: nn.Module, like: nn.Module, blocks: list[nn.Module], config: Config, world: dist.World):
+    """Freeze and shard a network of the same architecture as `like`, per its blocks named as `blocks` in `like`."""
+    names = {id(m): name for name, m in like.named_modules()}
+    frozen.requires_grad_(False).eval()
+    fsdp.shard(frozen, [frozen.get_submodule(names[id(b)]) for b in blocks], fsdp.mesh(world),
+               getattr(torch, config.model.dtype), False, config.engine.cpu_offload)  # fmt: skip
+    return frozen
+
+
+def build_policy(
+    config: Config, world: dist.World, policy: DiffusionPolicy | None = None
+) -> tuple[DiffusionPolicy, dict[str, Context]]:
+    """The sharded policy on its device and the contexts its algorithm computes under: `reference`
+    (adapters off, or a frozen copy), `old` (the second LoRA adapter) and `teacher`. `policy`
+    defaults to loading `config.model` (a benchmark passes one built in memory)."""
+    a, spec = config.algorithm, config.model.lora
+    policy = policy or LOADERS[config.model.arch](config.model)
+    net, blocks, contexts = policy.transformer, policy.blocks(), {}
+    need_reference = a.kl_coef > 0 or (a.name == "nft" and a.nft_kappa > 0) or a.name in ("online_dpo", "diffusion_dpo")
+    if spec.rank > 0:
+        lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets,
+                                      spec.exclude)  # fmt: skip
+        contexts["reference"] = lambda: lora.adapters_disabled(net)
+        if a.name == "nft":
+            lora.add_adapter(net, "old", lora_config)
+            contexts["old"] = lambda: lora.use_adapter(net, "old")
+    else:
+        net.requires_grad_(True).float()  # fp32 master weights; compute runs in model.dtype (FSDP mixed precision)
+        if need_reference:
+            contexts["reference"] = swapped_network(policy, frozen_copy(net, blocks, config, world))
+    if a.teacher_path:
+        teacher = LOADERS[config.model.arch](dataclasses.replace(config.model, path=a.teacher_path)).transformer
+        contexts["teacher"] = swapped_network(policy, shard_frozen(teacher.float(), net, blocks, config, world))
+    e = config.engine
+    fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
+               e.cpu_offload, e.reshard_after_forward)  # fmt: skip
+    return policy.to(world.device), contexts
