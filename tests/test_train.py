@@ -106,8 +106,8 @@ def test_non_finite_update_is_skipped_and_counted():
     opt = torch.optim.AdamW(params, lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     batch = Trajectory(final=torch.zeros(4, 2), latents=torch.zeros(4, 2, 2), log_probs=torch.zeros(4, 1),
-                       means=torch.zeros(4, 1, 2), sigmas=torch.zeros(4, 2), cond=TensorDict(batch_size=[4]), uncond=None,
-                       group=torch.zeros(4), seeds=torch.zeros(4), batch_size=[4])  # fmt: skip
+                       means=torch.zeros(4, 1, 2), sigmas=torch.zeros(4, 2), cond=TensorDict(batch_size=[4]),
+                       uncond=None, group=torch.zeros(4), seeds=torch.zeros(4), batch_size=[4])  # fmt: skip
 
     def fn(inputs):
         return model(inputs["x"]).squeeze(-1) * float("nan"), {}, {}
