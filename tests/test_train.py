@@ -135,3 +135,22 @@ def test_cli_bad_override_fails_before_anything_loads(tmp_path):
     out = run_cli("train", "glyphs", "rollout.n=three", f"trainer.output_dir={tmp_path}")
     assert out.returncode != 0 and "rollout.n='three': expected int" in out.stderr
     assert not any(tmp_path.iterdir())  # no run folder was created
+
+
+def test_training_with_the_reward_behind_serve_reward_matches_in_process(tmp_path):
+    """The glyphs reward served by `omnialign serve-reward` over loopback scores the rollout like in process."""
+    process = subprocess.Popen([sys.executable, "-m", "omnialign", "serve-reward", "glyph_ocr", "--port", "0"],
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = process.stdout.readline()
+        url = line.split(" at ")[1].split()[0]
+        main(debug_config(tmp_path / "remote", f'reward.remote={{"glyph_ocr": "{url}"}}', "trainer.total_steps=1"))
+    finally:
+        process.kill()
+    main(debug_config(tmp_path / "local", "trainer.total_steps=1"))
+    remote = read_metrics(tmp_path / "remote" / "debug" / "metrics.jsonl")
+    local = read_metrics(tmp_path / "local" / "debug" / "metrics.jsonl")
+    for key in ("val/reward/mean", "reward/mean"):  # images travel as 8-bit PNG: equal up to quantisation
+        step = 0 if key.startswith("val") else 1
+        assert abs(remote[step][key] - local[step][key]) < 2e-3, key
+    assert "timing/reward_wait" in remote[1]
