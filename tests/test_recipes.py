@@ -26,4 +26,4 @@ def test_recipe_runs_two_steps(name, tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert EXPECTED[config.algorithm.name] in records[1], sorted(records[1])
     assert records[2]["actor/skipped_updates"] == 0
-    assert "val_reward_after" in summary
+    assert "val_after" in summary and "val/diversity_after" in summary

@@ -43,7 +43,7 @@ def test_debug_run_writes_every_output(tmp_path):
     assert (run / "samples" / "step_000000.png").exists() and (run / "samples" / "step_000002.png").exists()
     assert (run / "reward_curve.png").exists()
     assert checkpoint.latest(run).name == "step_000002"
-    assert summary["val_reward_before"] == records[0]["val/reward/mean"]
+    assert summary["val_before"] == records[0]["val/reward/mean"] and summary["metric"] == "val/reward/mean"
 
 
 def test_first_replay_reproduces_rollout_log_probs():

@@ -14,22 +14,22 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.config import Config
 from omnialign.data.language import cap_by_modality, load_records
 from omnialign.data.prompts import prompts_for_step
-from omnialign.engine import checkpoint, dist, fsdp, optim
+from omnialign.engine import dist, fsdp, optim
 from omnialign.engine.dist import World
-from omnialign.metrics import MetricsLog, Timer, plot_curves, read_metrics, to_host
+from omnialign.metrics import MetricsLog, Timer
 from omnialign.models import LOADERS, lora
 from omnialign.models.base import LanguagePolicy
 from omnialign.models.reference import swapped_network
 from omnialign.rollout.language import generate
 from omnialign.trainer import actor
 from omnialign.trainer.language_objectives import logprob_objective, policy_objective
+from omnialign.trainer.loop import run_loop
 
 VAL_SEED = 2**40
 Context = Callable[[], AbstractContextManager]
@@ -150,49 +150,6 @@ class LanguageTrainer:
 
     def fit(self, resume: Path | None = None) -> dict[str, float]:
         return run_loop(self, self.policy.transformer, resume, "val/reward/mean")
-
-
-def run_loop(trainer, model: torch.nn.Module, resume: Path | None, key: str) -> dict[str, float]:
-    """Validate, then train_step / validate / save to trainer.total_steps; resumes from a checkpoint.
-    Shared by the online language loop and the offline preference loop (`trainer.offline`)."""
-    c, world = trainer.config.trainer, trainer.world
-    start = 0
-    if resume is not None:
-        start = checkpoint.load(resume, model, trainer.optimizer, trainer.scheduler, world)["step"]
-        if trainer.log:
-            trainer.log.truncate_after(start)
-            print(f"resumed from {resume} at step {start}")
-    if start == 0:
-        with trainer.timer.phase("validate"):
-            metrics = trainer.validate(0)
-        record(trainer, 0, metrics, key)
-    for step in range(start + 1, c.total_steps + 1):
-        metrics = trainer.train_step(step)
-        if step % c.val_every == 0 or step == c.total_steps:
-            with trainer.timer.phase("validate"):
-                metrics.update(trainer.validate(step))
-        record(trainer, step, metrics, key)
-        if step % c.save_every == 0 or step == c.total_steps:
-            with trainer.timer.phase("save"):
-                checkpoint.save(trainer.run_dir, step, model, trainer.optimizer, trainer.scheduler, {"step": step},
-                                c.keep_last, world)  # fmt: skip
-    if not trainer.log:
-        return {}
-    trainer.log.close()
-    val = [r for r in read_metrics(trainer.log.path) if key in r]
-    summary = {"val_before": val[0][key], "val_after": val[-1][key], "metric": key, "steps": val[-1]["step"]}
-    (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"{key}: {summary['val_before']:.3f} before -> {summary['val_after']:.3f} after {summary['steps']} steps; "
-          f"outputs in {trainer.run_dir}")  # fmt: skip
-    return summary
-
-
-def record(trainer, step: int, metrics: dict[str, torch.Tensor], key: str) -> None:
-    values = to_host({**metrics, **trainer.timer.pop()}, reduce=dist.mean_across, device=trainer.world.device)
-    if trainer.log:
-        trainer.log.log(step, values, echo=tqdm.write)
-        if key in values:
-            plot_curves(read_metrics(trainer.log.path), trainer.run_dir / "reward_curve.png")
 
 
 def build(config: Config, world: World) -> tuple[LanguagePolicy, Context | None, Context | None]:

@@ -21,8 +21,9 @@ from omnialign.metrics import MetricsLog, Timer
 from omnialign.models.base import LanguagePolicy
 from omnialign.rollout.language import pack
 from omnialign.trainer import actor
-from omnialign.trainer.language import Context, run_loop
+from omnialign.trainer.language import Context
 from omnialign.trainer.language_objectives import dpo_objective, logprob_objective
+from omnialign.trainer.loop import run_loop
 
 
 class OfflineTrainer:

@@ -1,7 +1,6 @@
 """The online RL loop (FlowGRPO): each step is a flat list of named, timed phases."""
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -12,12 +11,13 @@ from omnialign.algorithms.advantages import group_relative
 from omnialign.batch import Trajectory
 from omnialign.config import Config
 from omnialign.data.prompts import load_prompt_set, prompts_for_step
-from omnialign.engine import checkpoint, dist
+from omnialign.engine import dist
 from omnialign.engine.dist import World
-from omnialign.metrics import MetricsLog, Timer, diversity, plot_curves, read_metrics, save_grid, to_host
+from omnialign.metrics import MetricsLog, Timer, diversity, save_grid
 from omnialign.models.base import DiffusionPolicy
 from omnialign.rollout.diffusion import generate, generate_ode, sample_seeds
 from omnialign.trainer import actor
+from omnialign.trainer.loop import run_loop
 from omnialign.trainer.objectives import Algorithm, log_prob_objective
 
 VAL_SEED = 2**40  # validation seeds are fixed across runs and recipes
@@ -146,53 +146,6 @@ class OnlineTrainer:
         return {"val/reward/mean": reward.mean(), "val/reward/std": reward.std(),
                 "val/diversity": diversity(images, group.to(images.device))}  # fmt: skip
 
-    def save(self, step: int) -> None:
-        checkpoint.save(self.run_dir, step, self.policy.transformer, self.optimizer, self.scheduler,
-                        {"step": step}, self.config.trainer.keep_last, self.world)  # fmt: skip
-
-    def fit(self, resume: Path | None = None) -> dict[str, float]:
-        """Train to trainer.total_steps (from a checkpoint if given); returns val reward before/after."""
-        c = self.config.trainer
-        start = 0
-        if resume is not None:
-            start = checkpoint.load(resume, self.policy.transformer, self.optimizer, self.scheduler, self.world)["step"]
-            if self.log:
-                self.log.truncate_after(start)
-                print(f"resumed from {resume} at step {start}")
-        if start == 0:
-            with self.timer.phase("validate"):
-                metrics = self.validate(0)
-            self.record(0, metrics)
-        for step in range(start + 1, c.total_steps + 1):
-            metrics = self.train_step(step)
-            if step % c.val_every == 0 or step == c.total_steps:
-                with self.timer.phase("validate"):
-                    metrics.update(self.validate(step))
-            self.record(step, metrics)
-            if step % c.save_every == 0 or step == c.total_steps:
-                with self.timer.phase("save"):
-                    self.save(step)
-        return self.finish()
-
-    def record(self, step: int, metrics: dict[str, torch.Tensor]) -> None:
-        values = to_host({**metrics, **self.timer.pop()}, reduce=dist.mean_across, device=self.world.device)
-        if self.log:
-            self.log.log(step, values, echo=tqdm.write)
-            if "val/reward/mean" in values:
-                plot_curves(read_metrics(self.log.path), self.run_dir / "reward_curve.png")
-
-    def finish(self) -> dict[str, float]:
-        if not self.log:
-            return {}
-        self.log.close()
-        val = [r for r in read_metrics(self.log.path) if "val/reward/mean" in r]
-        summary = {"val_reward_before": val[0]["val/reward/mean"], "val_reward_after": val[-1]["val/reward/mean"],
-                   "val_diversity_before": val[0]["val/diversity"], "val_diversity_after": val[-1]["val/diversity"],
-                   "steps": val[-1]["step"]}  # fmt: skip
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(
-            f"validation reward: {summary['val_reward_before']:.3f} before -> {summary['val_reward_after']:.3f} "
-            f"after {summary['steps']} steps (diversity {summary['val_diversity_before']:.3f} -> "
-            f"{summary['val_diversity_after']:.3f}); outputs in {self.run_dir}"
-        )
-        return summary
+    def fit(self, resume: Path | None = None) -> dict:
+        """Train to trainer.total_steps (from a checkpoint if given); returns the validation summary."""
+        return run_loop(self, self.policy.transformer, resume, "val/reward/mean")

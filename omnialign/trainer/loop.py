@@ -1,0 +1,70 @@
+"""The loop every trainer runs: validate, then train_step / validate / save to trainer.total_steps.
+
+A trainer has `config`, `world`, `run_dir`, `optimizer`, `scheduler`, `timer`, `log` (None off the
+main rank), `train_step(step)` and `validate(step)`, both returning metric tensors. The loop resumes
+from a checkpoint, reduces each step's metrics once across ranks, and ends with a summary of every
+validation metric before and after training (`summary.json`).
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from omnialign.engine import checkpoint, dist
+from omnialign.metrics import plot_curves, read_metrics, to_host
+
+
+def run_loop(trainer, model: torch.nn.Module, resume: Path | None, key: str) -> dict:
+    """Train `model` to trainer.total_steps; `key` is the headline validation metric of the summary."""
+    c, world = trainer.config.trainer, trainer.world
+    start = 0
+    if resume is not None:
+        start = checkpoint.load(resume, model, trainer.optimizer, trainer.scheduler, world)["step"]
+        if trainer.log:
+            trainer.log.truncate_after(start)
+            print(f"resumed from {resume} at step {start}")
+    if start == 0:
+        with trainer.timer.phase("validate"):
+            metrics = trainer.validate(0)
+        record(trainer, 0, metrics, key)
+    for step in range(start + 1, c.total_steps + 1):
+        metrics = trainer.train_step(step)
+        if step % c.val_every == 0 or step == c.total_steps:
+            with trainer.timer.phase("validate"):
+                metrics.update(trainer.validate(step))
+        record(trainer, step, metrics, key)
+        if step % c.save_every == 0 or step == c.total_steps:
+            with trainer.timer.phase("save"):
+                checkpoint.save(trainer.run_dir, step, model, trainer.optimizer, trainer.scheduler, {"step": step},
+                                c.keep_last, world)  # fmt: skip
+    return summarise(trainer, key)
+
+
+def record(trainer, step: int, metrics: dict[str, torch.Tensor], key: str) -> None:
+    values = to_host({**metrics, **trainer.timer.pop()}, reduce=dist.mean_across, device=trainer.world.device)
+    if trainer.log:
+        trainer.log.log(step, values, echo=tqdm.write)
+        if key in values:
+            plot_curves(read_metrics(trainer.log.path), trainer.run_dir / "reward_curve.png")
+
+
+def summarise(trainer, key: str) -> dict:
+    """{metric, steps, val_before, val_after (of `key`), and NAME_before / NAME_after of every val/ metric}."""
+    if not trainer.log:
+        return {}
+    trainer.log.close()
+    val = [r for r in read_metrics(trainer.log.path) if key in r]
+    first, last = val[0], val[-1]
+    summary = {"metric": key, "steps": last["step"], "val_before": first[key], "val_after": last[key]}
+    changes = []
+    for name in sorted(k for k in last if k.startswith("val/") and k in first):
+        summary[f"{name}_before"], summary[f"{name}_after"] = first[name], last[name]
+        if name != key and not name.endswith("std"):
+            changes.append(f"{name.removeprefix('val/')} {first[name]:.3f} -> {last[name]:.3f}")
+    (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    detail = f" ({', '.join(changes)})" if changes else ""
+    print(f"{key}: {first[key]:.3f} before -> {last[key]:.3f} after {last['step']} steps{detail}; "
+          f"outputs in {trainer.run_dir}")  # fmt: skip
+    return summary
