@@ -154,3 +154,14 @@ def test_training_with_the_reward_behind_serve_reward_matches_in_process(tmp_pat
         step = 0 if key.startswith("val") else 1
         assert abs(remote[step][key] - local[step][key]) < 2e-3, key
     assert "timing/reward_wait" in remote[1]
+
+
+def test_activation_checkpointing_and_cpu_offload_train_the_same(tmp_path):
+    main(debug_config(tmp_path / "plain"))
+    main(debug_config(tmp_path / "engine", "engine.activation_checkpointing=true", "engine.cpu_offload=true"))
+    plain = without_timing(read_metrics(tmp_path / "plain" / "debug" / "metrics.jsonl"))
+    engine = without_timing(read_metrics(tmp_path / "engine" / "debug" / "metrics.jsonl"))
+    for a, b in zip(plain, engine):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert abs(a[key] - b[key]) <= 1e-5 + 1e-4 * abs(a[key]), key

@@ -43,7 +43,7 @@ def shard(
     mixed = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype, reduce_dtype=torch.float32
     )
-    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    offload = CPUOffloadPolicy(pin_memory=device_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     for block in blocks:
         if activation_checkpointing:
             checkpoint_activations(block)
