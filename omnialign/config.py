@@ -368,6 +368,8 @@ def validate(config: Config) -> Config:
          f"rollout.window_size={r.window_size} does not fit in [{r.window_start}, {window_end}); lower it"),
         (r.window_size > 0 or config.algorithm.name not in WINDOW_ALGORITHMS,
          f"algorithm.name={config.algorithm.name} trains on SDE-window transitions: set rollout.window_size >= 1"),
+        (r.kind != "cps" or r.window_size == 0 or window_end < r.steps,
+         f"rollout.kind=cps has no noise on the last step (sigma'=0): set rollout.window_end <= {r.steps - 1}"),
         (r.window_schedule in ("per_sample", "random", "progressive"),
          f"rollout.window_schedule={r.window_schedule!r}: choose per_sample, random or progressive"),
         (config.algorithm.name != "nft" or config.model.lora.rank > 0,

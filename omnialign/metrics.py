@@ -57,6 +57,7 @@ SUMMARY = [
     ("actor/approx_kl", "approx-kl {:.2e}"),
     ("actor/kl", "ref-kl {:.2e}"),
     ("actor/grad_norm", "grad {:.3f}"),
+    ("actor/skipped_updates", "SKIPPED {:.0f} non-finite updates"),
     ("rollout/diversity", "div {:.3f}"),
     ("val/reward/mean", "| val {:.3f}"),
     ("val/diversity", "val-div {:.3f}"),
@@ -64,7 +65,8 @@ SUMMARY = [
 
 
 def summary_line(step: int, total: int, m: dict[str, float]) -> str:
-    parts = [f"step {step}/{total}"] + [fmt.format(m[k]) for k, fmt in SUMMARY if k in m]
+    shown = [(k, fmt) for k, fmt in SUMMARY if k in m and (k != "actor/skipped_updates" or m[k])]
+    parts = [f"step {step}/{total}"] + [fmt.format(m[k]) for k, fmt in shown]
     times = [f"{k.removeprefix('timing/')} {v:.1f}s" for k, v in m.items() if k.startswith("timing/")]
     return " ".join(parts) + (" | " + " ".join(times) if times else "")
 

@@ -19,7 +19,11 @@ from omnialign.trainer import actor, objectives
 @pytest.fixture(scope="module")
 def world():
     """A fresh rollout of the shipped glyphs model with advantages, and the recipe."""
-    config = validate(apply_overrides(RECIPES["debug"](), ["rollout.window_size=3", "actor.micro_batch_size=4"]))
+    config = validate(
+        apply_overrides(
+            RECIPES["debug"](), ["rollout.window_size=3", "actor.micro_batch_size=4", "algorithm.kl_coef=0"]
+        )
+    )
     policy = glyphs.load()
     prompts = ["1"] * 4 + ["7"] * 4
     traj, _ = generate(policy, prompts, torch.arange(2).repeat_interleave(4), torch.arange(8) + 5,

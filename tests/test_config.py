@@ -51,6 +51,7 @@ def test_missing_equals_sign():
         ("rollout.kind=euler", "rollout.kind='euler'"),
         ("actor.micro_batch_size=7", "actor.micro_batch_size=7"),
         ("algorithm.old_log_probs=maybe", "old_log_probs='maybe'"),
+        ("rollout.kind=cps", "rollout.window_end <= 9"),
     ],
 )
 def test_validate_rejects_inconsistent_values(item, message):

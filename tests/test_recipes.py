@@ -20,7 +20,7 @@ def test_recipe_runs_two_steps(name, tmp_path):
              "trainer.progress=false", "actor.mini_batch_size=none", f"trainer.output_dir={tmp_path}",
              f"actor.micro_batch_size={2 if config.algorithm.name == 'online_dpo' else 4}"]  # fmt: skip
     if config.rollout.window_size:
-        small += ["rollout.window_size=2", "rollout.window_shift_every=1"]
+        small += ["rollout.window_size=2", "rollout.window_shift_every=1", "rollout.window_end=3"]
     summary = main(validate(apply_overrides(config, small)))
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
