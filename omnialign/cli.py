@@ -6,6 +6,7 @@ omnialign train glyphs trainer.total_steps=40 rollout.n=8 --show
 omnialign train glyphs --resume auto         # continue from the newest checkpoint
 torchrun --nproc-per-node 4 -m omnialign train RECIPE   # FSDP2 over 4 processes
 omnialign export runs/glyphs/checkpoints/step_000200 --to out/   # PEFT/diffusers adapter or full model
+omnialign judge --data DATA --base MODEL --adapter RUN --judge-url URL --out eval/results.jsonl  # docs/judge.md
 omnialign serve-reward ocr --port 8000       # a reward over HTTP (docs/rewards.md)
 omnialign prepare glyphs                     # retrain the shipped glyphs base model and OCR
 omnialign prepare choice                     # retrain the shipped choice-world language model
@@ -131,6 +132,22 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"exported to {export(args.checkpoint, args.to)}")
 
 
+def cmd_judge(args: argparse.Namespace) -> None:
+    from omnialign.config import ConfigError
+    from omnialign.judge import format_summary
+    from omnialign.judge import main as judge
+    from omnialign.rewards.client import RewardServerError
+
+    try:
+        summary = judge(args.data, args.out, args.stage, args.base, args.adapter, args.judge_url, args.judge_model,
+                        args.modalities, args.split, args.max_samples, args.seed, args.overrides, args.concurrency,
+                        args.judge_media)  # fmt: skip
+    except (ConfigError, ValueError, OSError, RewardServerError) as e:
+        raise SystemExit(f"judge: {e}") from None
+    if summary is not None:
+        print(format_summary(summary))
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     from omnialign.bench import main
 
@@ -224,6 +241,29 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("--max-batch", type=int, default=64, help="most samples merged into one reward call")
     sr.add_argument("--max-queue", type=int, default=256, help="most requests held before answering 429")
     sr.set_defaults(fn=cmd_serve_reward)
+    jd = sub.add_parser("judge", help="a judge model compares a trained model with its base (docs/judge.md)",
+                        description="omnialign judge --data DATA --base MODEL --adapter PATH --judge-url URL "
+                        "--out NAME.jsonl [key=value ...]")  # fmt: skip
+    jd.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. generation.max_new_tokens=512 "
+                    "model.dtype=bfloat16 rollout.val_steps=28 rollout.height=512 rollout.guidance=4.5")  # fmt: skip
+    jd.add_argument("--data", required=True, help="a .parquet file of `omnialign prepare avqa|mmk12|omni-preference` "
+                    "or a folder of them; image generators: a prompt set (digits) or prompt file")  # fmt: skip
+    jd.add_argument("--out", required=True, help="verdicts NAME.jsonl; the stage files go beside it (docs/judge.md)")
+    jd.add_argument("--stage", default="all", choices=["reference", "trained", "judge", "all"])
+    jd.add_argument("--base", help="the base model's folder (default: the base of an omnialign checkpoint --adapter)")
+    jd.add_argument("--adapter", help="PEFT or full model folder, omnialign checkpoint or run folder, verl "
+                    "global_step_N or actor folder")  # fmt: skip
+    jd.add_argument("--judge-url", help="OpenAI-compatible API base, e.g. http://127.0.0.1:8001 (/v1 added if no path)")
+    jd.add_argument("--judge-model", help="model name sent to the judge (default: the first of its /models)")
+    jd.add_argument("--modalities", nargs="+", choices=["text", "image", "audio", "video", "mixed"],
+                    help="only items of these modalities (default all)")  # fmt: skip
+    jd.add_argument("--max-samples", type=int, help="most items, split evenly across modalities")
+    jd.add_argument("--split", default="val", choices=["train", "val"], help="split of the parquet files")
+    jd.add_argument("--seed", type=int, default=0, help="seeds the answer order per item (and image noise)")
+    media = ["image", "audio", "video"]
+    jd.add_argument("--judge-media", nargs="*", default=media, choices=media, help="prompt media sent to the judge")
+    jd.add_argument("--concurrency", type=int, default=4, help="judge requests in flight")
+    jd.set_defaults(fn=cmd_judge)
     return p
 
 
