@@ -144,8 +144,10 @@ def full_qwen_image(device: torch.device, text_tokens: int) -> QwenImagePolicy:
                            max_sequence_length=text_tokens)  # fmt: skip
 
 
-def bench_recipe(recipe: str, prompts: int, steps: int, tiny: bool, peak_tflops: float, work: Path) -> list[dict]:
-    """Full training steps of a recipe at one GPU's share; see the module docstring."""
+def bench_recipe(
+    recipe: str, prompts: int, steps: int, tiny: bool, peak_tflops: float, work: Path, extra: list[str] = ()
+) -> list[dict]:
+    """Full training steps of a recipe with `prompts` prompts per GPU; see the module docstring."""
     import dataclasses
 
     import pyarrow as pa
@@ -162,21 +164,25 @@ def bench_recipe(recipe: str, prompts: int, steps: int, tiny: bool, peak_tflops:
     from omnialign.trainer.online import OnlineTrainer
 
     world = dist.init()
-    work.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"prompt": OCR_PROMPTS, "ground_truth": [p.split('"')[1] for p in OCR_PROMPTS]}),
-                   work / "prompts.parquet")  # fmt: skip
+    if world.is_main:
+        work.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"prompt": OCR_PROMPTS, "ground_truth": [p.split('"')[1] for p in OCR_PROMPTS]}),
+                       work / "prompts.parquet")  # fmt: skip
+        if tiny:
+            tiny_models.qwen_image(work / "tiny")
+    torch.distributed.barrier()
     overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
-                 f"data.prompts_per_step={prompts}",
+                 f"data.prompts_per_step={prompts * world.size}",
                  'reward.weights={"jpeg_compressibility": 1.0}', "model.text_tokens=128", "trainer.progress=false",
                  f"trainer.output_dir={work}"]  # fmt: skip
     if tiny:
         overrides += ["model.dtype=float32", "rollout.height=32", "rollout.width=32", "rollout.n=4",
                       "rollout.micro_batch_size=4", "actor.micro_batch_size=2",
                       "engine.activation_checkpointing=false"]  # fmt: skip
-    config = validate(apply_overrides(RECIPES[recipe](), overrides))
+    config = validate(apply_overrides(RECIPES[recipe](), overrides + list(extra)))
     config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
     if tiny:
-        config.model.path = str(tiny_models.qwen_image(work / "tiny"))
+        config.model.path = str(work / "tiny")
         policy = load(config.model)
     else:
         policy = full_qwen_image(world.device, config.model.text_tokens)
@@ -221,7 +227,8 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
         rollout_fwd = r.steps * cfg
     flops = images * forward * (rollout_fwd + train)
     return {
-        "recipe": config.recipe, "step": step, "images": images, "step_s": round(seconds, 1),
+        "recipe": config.recipe, "gpus": world.size, "compile": config.engine.compile, "step": step,
+        "images": images, "step_s": round(seconds, 1),
         "images_per_gpu_s": round(images / seconds, 3),
         **{k.removeprefix("timing/") + "_s": round(v, 1) for k, v in phases.items()},
         "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
@@ -241,7 +248,9 @@ def main(name: str, args) -> None:
     if name == "staging":
         rows = bench_staging(args.windows, args.modes, args.tiny)
     else:
-        rows = bench_recipe(args.recipe, args.prompts, args.steps, args.tiny, args.peak, Path(args.work))
+        rows = bench_recipe(args.recipe, args.prompts, args.steps, args.tiny, args.peak, Path(args.work), args.set)
+    if not dist.init().is_main:
+        return
     print_table(rows)
     if args.out:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -169,6 +169,7 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--recipe", default="qwen_image_ocr_flowgrpo_lora", help="recipe: a Qwen-Image recipe")
     be.add_argument("--prompts", type=int, default=8, help="recipe: prompts per GPU per step")
     be.add_argument("--steps", type=int, default=1, help="recipe: measured training steps")
+    be.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="recipe: config overrides")
     be.add_argument("--peak", type=float, default=786.0, help="recipe: bf16 matmul peak TFLOP/s for MFU")
     be.add_argument("--work", default="runs/bench", help="recipe: scratch folder")
     be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
@@ -217,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
     pc.add_argument("--out", help="output folder (default: the package's shipped assets)")
     pc.add_argument("--seed", type=int)
     pc.add_argument("--steps", type=int)
-    pc.add_argument("--bias", type=float, help="share of training answers replaced by the letter A")
+    pc.add_argument("--bias", type=float, help='share of the answers to "smallest" questions replaced by A')
     pc.add_argument("--noise", type=float, help="student noise, times each weight matrix's RMS")
     pc.set_defaults(fn=cmd_prepare_choice)
     for kind, what in (("avqa", "audio-visual multiple-choice questions"), ("mmk12", "math questions with images"),

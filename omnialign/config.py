@@ -223,6 +223,9 @@ class EngineConfig:
     """Keep sharded parameters, gradients and optimizer states in host memory."""
     reshard_after_forward: bool = True
     """Free gathered parameters after each block's forward (less memory, one more all-gather in backward)."""
+    compile: bool = False
+    """Compile each block's forward with torch.compile (regional: one graph per block and batch shape,
+    reused by every block; the first steps pay the compile time)."""
 
 
 @dataclass

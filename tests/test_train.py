@@ -165,3 +165,16 @@ def test_activation_checkpointing_and_cpu_offload_train_the_same(tmp_path):
         assert a.keys() == b.keys()
         for key in a:
             assert abs(a[key] - b[key]) <= 1e-5 + 1e-4 * abs(a[key]), key
+
+
+def test_compiled_blocks_train_like_eager(tmp_path):
+    """Regional torch.compile (inside FSDP and checkpointing) changes speed, not the numbers beyond rounding."""
+    main(debug_config(tmp_path / "eager", "engine.activation_checkpointing=true"))
+    main(debug_config(tmp_path / "compiled", "engine.activation_checkpointing=true", "engine.compile=true"))
+    eager = without_timing(read_metrics(tmp_path / "eager" / "debug" / "metrics.jsonl"))
+    compiled = without_timing(read_metrics(tmp_path / "compiled" / "debug" / "metrics.jsonl"))
+    assert len(eager) == len(compiled) == 3
+    for a, b in zip(eager, compiled):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert abs(a[key] - b[key]) <= 1e-5 + 1e-4 * abs(a[key]), key

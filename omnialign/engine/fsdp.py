@@ -25,6 +25,11 @@ def checkpoint_activations(block: nn.Module) -> None:
     block.forward = checkpointed
 
 
+def compile_forward(block: nn.Module) -> None:
+    """Compile the block's computation alone; FSDP hooks and checkpointing stay outside the graph."""
+    block.forward = torch.compile(block.forward, dynamic=False)
+
+
 def shard(
     module: nn.Module,
     blocks: list[nn.Module],
@@ -33,18 +38,22 @@ def shard(
     activation_checkpointing: bool = False,
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
+    compile: bool = False,
 ) -> nn.Module:
     """Shard `module` in place: each of `blocks` is one FSDP unit, the rest of `module` the root unit.
 
     Parameters keep their stored dtype (fp32 master weights for trained ones); compute runs in
     `param_dtype` and gradients are reduced in fp32. With `cpu_offload`, sharded parameters,
     gradients and optimizer states live in host memory; otherwise they move to the mesh's device.
+    With `compile`, each block's forward is compiled (regional compilation).
     """
     mixed = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype, reduce_dtype=torch.float32
     )
     offload = CPUOffloadPolicy(pin_memory=device_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     for block in blocks:
+        if compile:
+            compile_forward(block)
         if activation_checkpointing:
             checkpoint_activations(block)
         fully_shard(block, mesh=device_mesh, mp_policy=mixed, offload_policy=offload,

@@ -54,8 +54,7 @@ def glyphs_cps() -> Config:
 def glyphs_dance() -> Config:
     """FlowGRPO with DanceGRPO's SDE transition."""
     c = _variant("glyphs_dance", "flowgrpo")
-    c.rollout.kind = "dance"
-    c.rollout.eta = 0.3
+    c.rollout.kind = "dance"  # its std is eta*sqrt(dsigma): eta 1 matches the SDE's noise mid-trajectory
     return c
 
 

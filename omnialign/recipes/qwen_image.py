@@ -30,6 +30,7 @@ def qwen_image_ocr_flowgrpo_lora() -> Config:
     c.actor.lr = 3e-4
     c.actor.micro_batch_size = 16
     c.engine.activation_checkpointing = True
+    c.engine.compile = True  # regional compile: 0.62 -> 0.84 images/GPU/s on one H200 (BENCHMARKS.md)
     c.trainer.total_steps = 1000
     c.trainer.val_every = 50
     c.trainer.save_every = 50

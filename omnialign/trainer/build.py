@@ -31,7 +31,8 @@ def shard_frozen(frozen: nn.Module, like: nn.Module, blocks: list[nn.Module], co
     names = {id(m): name for name, m in like.named_modules()}
     frozen.requires_grad_(False).eval()
     fsdp.shard(frozen, [frozen.get_submodule(names[id(b)]) for b in blocks], fsdp.mesh(world),
-               getattr(torch, config.model.dtype), False, config.engine.cpu_offload)  # fmt: skip
+               getattr(torch, config.model.dtype), False, config.engine.cpu_offload,
+               compile=config.engine.compile)  # fmt: skip
     return frozen
 
 
@@ -61,5 +62,5 @@ def build_policy(
         contexts["teacher"] = swapped_network(policy, shard_frozen(teacher.float(), net, blocks, config, world))
     e = config.engine
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
-               e.cpu_offload, e.reshard_after_forward)  # fmt: skip
+               e.cpu_offload, e.reshard_after_forward, e.compile)  # fmt: skip
     return policy.to(world.device), contexts
