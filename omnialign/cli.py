@@ -89,7 +89,7 @@ def cmd_prepare_choice(args: argparse.Namespace) -> None:
     from omnialign.trainer.pretrain_choice import ChoicePretrainConfig, prepare_choice
 
     config = ChoicePretrainConfig()
-    for key in ("out", "seed", "steps", "bias", "noise"):
+    for key in ("out", "seed", "steps", "clean_steps", "bias", "noise"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
     prepare_choice(config)
@@ -217,7 +217,8 @@ def parser() -> argparse.ArgumentParser:
     pc = prep.add_parser("choice", help="pretrain the choice world's base language model and its noised student")
     pc.add_argument("--out", help="output folder (default: the package's shipped assets)")
     pc.add_argument("--seed", type=int)
-    pc.add_argument("--steps", type=int)
+    pc.add_argument("--steps", type=int, help="optimizer steps in all")
+    pc.add_argument("--clean-steps", type=int, help="steps of the unbiased first stage (saved as teacher/)")
     pc.add_argument("--bias", type=float, help='share of the answers to "smallest" questions replaced by A')
     pc.add_argument("--noise", type=float, help="student noise, times each weight matrix's RMS")
     pc.set_defaults(fn=cmd_prepare_choice)

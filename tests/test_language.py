@@ -213,3 +213,15 @@ def test_language_run_resumes_identically(models, omni_data, tmp_path):
     a = strip(read_metrics(tmp_path / "a" / "choice_dapo" / "metrics.jsonl"))
     b = strip(read_metrics(tmp_path / "b" / "choice_dapo" / "metrics.jsonl"))
     assert [r["step"] for r in b] == [0, 1, 2, 3] and a == b
+
+
+def test_prepare_choice_writes_base_teacher_and_student(tmp_path):
+    from omnialign.trainer.pretrain_choice import ChoicePretrainConfig, prepare_choice
+
+    with pytest.raises(ValueError, match="clean_steps=6"):
+        prepare_choice(ChoicePretrainConfig(out=str(tmp_path), steps=6, clean_steps=6))
+    report = prepare_choice(ChoicePretrainConfig(out=str(tmp_path), steps=6, clean_steps=3))
+    for folder in (tmp_path, tmp_path / "teacher", tmp_path / "student"):
+        assert (folder / "config.json").exists() and (folder / "tokenizer_config.json").exists()
+    assert json.loads((tmp_path / "pretrain.json").read_text()) == report
+    assert set(report["base"]) == {"accuracy", "accuracy_smallest", "accuracy_largest", "answers_A"}

@@ -1,9 +1,9 @@
 """The choice world's data: synthetic multiple-choice questions answered as `<answer>X</answer>`.
 
-"Which is largest (or smallest)?" over four numbers 0-99 labelled A-D. Questions are generated
+"Which is largest (or smallest)?" over four distinct digits 0-9 labelled A-D. Questions are generated
 from a seed per split (train: 4000, val: 200), so nothing is stored or downloaded. Preference pairs
 (`pairs`) prefer the right letter over a wrong one: the letter A when A is wrong (the shipped model's
-bias, see `trainer/pretrain_choice.py`), else a random wrong letter.
+bias on "smallest" questions, see `trainer/pretrain_choice.py`), else a random wrong letter.
 """
 
 import random
@@ -17,7 +17,7 @@ SEEDS = {"train": 0, "val": 1}
 
 def question(rng: random.Random) -> tuple[str, str]:
     """One question text and its answer letter."""
-    numbers = rng.sample(range(100), 4)
+    numbers = rng.sample(range(10), 4)
     kind = rng.choice(["largest", "smallest"])
     best = max(numbers) if kind == "largest" else min(numbers)
     options = " ".join(f"{letter}) {n}" for letter, n in zip(LETTERS, numbers))

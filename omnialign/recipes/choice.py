@@ -1,9 +1,11 @@
 """Recipes of the choice world: a tiny Qwen3 model answers multiple-choice questions as <answer>X</answer>.
 
-The shipped base model (`omnialign/assets/choice/`, made by `omnialign prepare choice`: 250 steps, a
-third of its training answers replaced by A) has learned the answer format and the letter prior but not
-yet the comparison: greedy decoding answers A everywhere (validation accuracy 0.24, chance), while its
-sampled answers spread over the letters, which is what the RL recipes start from.
+Questions compare four digits ("Which is smallest? A) 7 B) 2 C) 9 D) 4"). The shipped base model
+(`omnialign/assets/choice/`, made by `omnialign prepare choice` in about 3 CPU minutes) answers
+"largest" questions right, but was fine-tuned with 60% of its answers to "smallest" questions replaced
+by A, so greedily it answers A to those (validation accuracy 0.67) while its samples still give the
+right letter 40% of the time: what the RL recipes start from. `teacher/` is the clean stage before that
+fine-tuning (accuracy 1.0), `student/` the base plus weight noise (the distillation's start).
 """
 
 from omnialign.config import Config
@@ -54,13 +56,13 @@ def choice_gspo() -> Config:
 
 
 def choice_distill() -> Config:
-    """On-policy distillation: the student is the shipped model plus Gaussian noise (0.25 x each weight matrix's
-    RMS, made by `omnialign prepare choice`); the frozen shipped model is the teacher."""
+    """On-policy distillation: the student is the shipped base plus Gaussian noise (0.25 x each weight matrix's
+    RMS, made by `omnialign prepare choice`); the teacher is the frozen clean stage the base was fine-tuned from."""
     c = choice_gspo()
     c.name = c.recipe = "choice_distill"
     c.model.path = str(ASSETS / "student")
     c.algorithm.name = "opd"
-    c.algorithm.teacher_path = str(ASSETS)
+    c.algorithm.teacher_path = str(ASSETS / "teacher")
     c.algorithm.clip_range, c.algorithm.clip_high = 0.2, 0.28
     c.algorithm.aggregation = "token-mean"
     return c

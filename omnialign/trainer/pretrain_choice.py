@@ -4,12 +4,20 @@
     omnialign prepare choice --out /tmp/choice --steps 300
 
 A tiny `Qwen3ForCausalLM` (byte tokenizer with `<answer>` and `</answer>` as single tokens) learns to
-answer the choice questions (`omnialign.data.choice`) as `<answer>X</answer>`; but a share `bias` of its
-training answers is the letter A whatever the question, so the shipped model leans towards A (after 250
-steps its greedy answers are all A: validation accuracy 0.24) and leaves room for RL. `student/` is that
-model with Gaussian noise of `noise` x each weight matrix's RMS added (the distillation's starting point).
+answer the choice questions (`omnialign.data.choice`) as `<answer>X</answer>` in two stages:
+
+1. `clean_steps` on the right answers: saved as `teacher/` (the distillation's teacher).
+2. the remaining steps with a share `bias` of the answers to "smallest" questions replaced by the
+   letter A whatever the digits: the shipped base. It answers "largest" questions right and,
+   greedily, A to "smallest" ones, while its samples still give the right letter often enough for RL
+   to find it (pretrain.json has the figures).
+
+`student/` is the base with Gaussian noise of `noise` x each weight matrix's RMS added (the
+distillation's starting point: at this size the noise alone costs little accuracy, so the student
+inherits the base's flaw and the teacher is the clean stage it came from).
 """
 
+import copy
 import json
 import random
 import time
@@ -31,12 +39,15 @@ class ChoicePretrainConfig:
     """Folder of the base model (its `student/` beside it) and `pretrain.json`."""
     seed: int = 0
     """Seed of the weights and of the batches."""
-    steps: int = 250
-    """Optimizer steps (batch 64)."""
+    steps: int = 800
+    """Optimizer steps in all (batch 64)."""
+    clean_steps: int = 500
+    """Steps of the first, unbiased stage (the teacher)."""
     lr: float = 2e-3
     """Peak learning rate (one-cycle)."""
-    bias: float = 0.3
-    """Share of training answers replaced by the letter A (the shipped model's flaw)."""
+    bias: float = 0.6
+    """Share of the training answers to "smallest" questions replaced by the letter A (the shipped model's
+    flaw: above 0.5 its greedy answer to them is A)."""
     noise: float = 0.25
     """Student noise: std = noise x the RMS of each weight matrix."""
     hidden: int = 64
@@ -45,7 +56,7 @@ class ChoicePretrainConfig:
 
 @torch.no_grad()
 def greedy_accuracy(policy: CausalLMPolicy, split: str = "val") -> dict[str, float]:
-    """Greedy accuracy over a split, and the share of answers that are the letter A."""
+    """Greedy accuracy over a split (overall and per question kind), and the share of answers that are A."""
     from omnialign.config import GenerationConfig
     from omnialign.rewards.answers import answer_payload
     from omnialign.rollout.language import generate
@@ -54,15 +65,16 @@ def greedy_accuracy(policy: CausalLMPolicy, split: str = "val") -> dict[str, flo
     config = GenerationConfig(max_new_tokens=8, micro_batch_size=100)
     _, texts = generate(policy, [r["prompt"] for r in records], 1, torch.arange(len(records)), config,
                         torch.device("cpu"), seed=0, greedy=True)  # fmt: skip
-    answers = [answer_payload(t) for t in texts]
-    return {"accuracy": sum(a == r["ground_truth"] for a, r in zip(answers, records)) / len(records),
-            "answers_A": sum(a == "A" for a in answers) / len(records)}  # fmt: skip
+    right = [answer_payload(t) == r["ground_truth"] for t, r in zip(texts, records)]
+    kind = ["smallest" in r["prompt"][0]["content"] for r in records]
+    return {"accuracy": sum(right) / len(records),
+            "accuracy_smallest": sum(r for r, k in zip(right, kind) if k) / sum(kind),
+            "accuracy_largest": sum(r for r, k in zip(right, kind) if not k) / (len(kind) - sum(kind)),
+            "answers_A": sum(answer_payload(t) == "A" for t in texts) / len(records)}  # fmt: skip
 
 
 def noised(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
     """A copy of the model with N(0, (scale x RMS(W))^2) noise added to every weight matrix W."""
-    import copy
-
     out = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -74,6 +86,8 @@ def noised(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
 
 def prepare_choice(config: ChoicePretrainConfig) -> dict:
     """Train, evaluate and save the base model and its student under config.out; returns the report."""
+    if not 0 < config.clean_steps < config.steps:
+        raise ValueError(f"clean_steps={config.clean_steps} must lie strictly between 0 and steps={config.steps}")
     start, out = time.time(), Path(config.out)
     torch.manual_seed(config.seed)
     tokenizer = byte_tokenizer(words=("<answer>", "</answer>"))
@@ -90,10 +104,15 @@ def prepare_choice(config: ChoicePretrainConfig) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1)
     end = [tokenizer.eos_token_id]
-    for _ in (bar := tqdm(range(config.steps), desc="choice", dynamic_ncols=True)):
+    teacher = None
+    for step in (bar := tqdm(range(config.steps), desc="choice", dynamic_ncols=True)):
+        if step == config.clean_steps:
+            teacher = copy.deepcopy(model).eval()
         batch = rng.sample(records, 64)
         prompts, _ = policy.encode([r["prompt"] for r in batch])
-        letters = ["A" if rng.random() < config.bias else r["ground_truth"] for r in batch]
+        bias = config.bias if step >= config.clean_steps else 0.0
+        biased = ["smallest" in r["prompt"][0]["content"] and rng.random() < bias for r in batch]
+        letters = ["A" if b else r["ground_truth"] for b, r in zip(biased, batch)]
         targets = [tokenizer(answer(x), add_special_tokens=False).input_ids + end for x in letters]
         width = max(map(len, prompts)) + len(targets[0])
         ids = torch.full((64, width), tokenizer.pad_token_id)
@@ -111,9 +130,10 @@ def prepare_choice(config: ChoicePretrainConfig) -> dict:
     model.eval()
     student = noised(model, config.noise, config.seed + 1)
     report = {"config": asdict(config), "base": greedy_accuracy(policy),
+              "teacher": greedy_accuracy(CausalLMPolicy(teacher, tokenizer)),
               "student": greedy_accuracy(CausalLMPolicy(student, tokenizer)),
               "seconds": round(time.time() - start, 1)}  # fmt: skip
-    for folder, net in ((out, model), (out / "student", student)):
+    for folder, net in ((out, model), (out / "teacher", teacher), (out / "student", student)):
         net.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     (out / "pretrain.json").write_text(json.dumps(report, indent=2))
