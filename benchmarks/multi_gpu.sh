@@ -3,13 +3,14 @@
 # scaling of FSDP2 at a fixed per-GPU batch. Needs N GPUs of one host (default 4):
 #   benchmarks/multi_gpu.sh OUT [N]
 # Writes OUT/*.json (rank 0's rows) and OUT/*.log; the tables go to BENCHMARKS.md.
-# CPU rehearsal of the same launches (gloo, tiny random pipeline): BENCH_ARGS=--tiny benchmarks/multi_gpu.sh OUT 2
+# CPU rehearsal of the same launches (gloo, tiny random pipeline):
+#   BENCH_ARGS=--tiny PYTHON=.venv/bin/python benchmarks/multi_gpu.sh OUT 2
 out=$1
 n=${2:-4}
 run() {  # name, gpus, args...
   local name=$1 gpus=$2
   shift 2
-  torchrun --nproc-per-node "$gpus" -m omnialign bench recipe --work "/tmp/bench_$name" --out "$out/$name.json" "$@" $BENCH_ARGS \
+  ${PYTHON:-python} -m torch.distributed.run --nproc-per-node "$gpus" -m omnialign bench recipe --work "/tmp/bench_$name" --out "$out/$name.json" "$@" $BENCH_ARGS \
     > "$out/$name.log" 2>&1
   grep '"step": 2' "$out/$name.log" | head -1
 }
