@@ -198,9 +198,12 @@ def bench_recipe(
         for step in range(1, steps + 1):
             if world.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            trainer.train_step(step)
+            metrics = trainer.train_step(step)
             phases = trainer.timer.pop()
             rows.append(recipe_row(config, step, phases, peak_tflops, policy, world))
+            for name in ("actor/clip_frac", "actor/rollout_logprob_gap"):  # exactness of the rollout's log-probs
+                if name in metrics:
+                    rows[-1][name.removeprefix("actor/")] = float(metrics[name])
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
