@@ -2,6 +2,8 @@
 
     omnialign bench staging --windows 2 10 50 --modes off on prefetch --out staging.json
     omnialign bench recipe --recipe qwen_image_ocr_flowgrpo_lora --prompts 8 --steps 1 --out flowgrpo.json
+    omnialign bench language --recipe qwen3_omni_dpo --steps 3 --seq-len 1024 --out dpo.json
+    omnialign bench language --recipe choice_gspo --model-size 4b --steps 2 --out gspo.json
 
 `recipe`: full training steps of a Qwen-Image recipe at one GPU's share of its global batch
 (`--prompts` prompts x the recipe's rollout.n images) on the full-size pipeline with random weights
@@ -17,6 +19,28 @@ weights, bf16, peft LoRA r64 on the 12 projections, activation checkpointing, FS
 size 1) on a synthetic 512x512 trajectory (micro-batch 16, 128 text tokens, no CFG) at each
 window size, with timestep staging off, on, and on with prefetch: peak allocated and reserved
 memory and update seconds. Needs a CUDA device; `--tiny` runs the same code on a tiny config.
+
+`language`: training steps of a language recipe through its own trainer at one GPU's share of the step
+(`--prompts` prompts, or pairs for DPO; default the recipe's `data.prompts_per_step`), on a model with
+random weights built on the device in bf16 (`language_policy`): for `model.arch=qwen3_omni` the
+Qwen3-Omni-30B-A3B thinker with its full-size text stack (48 MoE layers, 128 experts, 8 active;
+30.5 B parameters) and the audio and vision towers shrunk; for `model.arch=qwen3` a Qwen3 causal LM of
+a released size (`--model-size`, `QWEN3_SIZES`). The recipe's config is kept (LoRA, FSDP2 at world
+size 1, the objective, micro- and mini-batches) except: bf16, activation checkpointing on, the data
+(synthetic text of random letters under a byte-level tokenizer, one token per character), the reward
+(`choice`, a CPU string match) and, for RL, `generation.max_new_tokens` (`--max-new-tokens`); a
+mini-batch that does not divide the per-GPU batch becomes the whole batch.
+- Offline DPO (`algorithm.name=dpo`, e.g. `qwen3_omni_dpo`): the offline trainer's step on pairs of
+  `--seq-len` tokens each (half prompt, half response): data (tokenize, pack), reference (log-probs
+  with the adapters off, forward only) and update (policy forward + backward of every micro-batch of
+  `actor.micro_batch_size` sequences, one optimizer step per mini-batch). Per step: sequences
+  (`samples_per_gpu_s`) and pairs per GPU per second, seconds per phase, peak allocated memory.
+- RL (grpo, dapo, gspo, e.g. `choice_gspo`, full fine-tuning unless `--set model.lora.rank=32
+  model.lora.alpha=64`): the language trainer's step on prompts of `--prompt-len` tokens: rollout
+  (`rollout.n` samples per prompt; random weights rarely stop early, so responses run to
+  `--max-new-tokens`), reward, advantage, [reference] and update. Per step: samples per GPU per
+  second, generated tokens per second of rollout, seconds per phase, peak allocated memory.
+Every step is reported, the first with its warm-up. `--tiny` runs the same code on tiny configs on the CPU.
 """
 
 import json
@@ -31,6 +55,7 @@ from omnialign.batch import Trajectory
 from omnialign.config import ActorConfig, AlgorithmConfig, RolloutConfig
 from omnialign.engine import dist, fsdp
 from omnialign.models import lora
+from omnialign.models.base import LanguagePolicy
 from omnialign.models.qwen_image import LORA_TARGETS, QwenImagePolicy
 from omnialign.trainer import actor
 
@@ -240,6 +265,217 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     }  # fmt: skip
 
 
+# --------------------------------------------------------------------------- language models
+
+# The text stack of the Qwen3-Omni-30B-A3B thinker (released config): every layer MoE (128 experts of 768, 8 per
+# token, so `intermediate_size` is unused), 32 query / 4 key-value heads of 128, interleaved M-RoPE.
+QWEN3_OMNI_TEXT = dict(vocab_size=152064, hidden_size=2048, moe_intermediate_size=768, num_hidden_layers=48,
+                       num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                       num_experts_per_tok=8, max_position_embeddings=65536, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20],
+                                        "mrope_interleaved": True})  # fmt: skip
+TINY_OMNI_TEXT = dict(vocab_size=512, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                      num_experts_per_tok=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2],
+                                       "mrope_interleaved": True})  # fmt: skip
+# Shrunk towers (the released ones: Whisper-like audio encoder of 32 layers, 27-layer vision encoder); text-only
+# sequences never run them, but they stay in the network as in the released thinker.
+SMALL_TOWERS = dict(audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                                      num_mel_bins=128, downsample_hidden_size=16),
+                    vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, patch_size=16,
+                                       spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0],
+                                       num_position_embeddings=64))  # fmt: skip
+# Released Qwen3 dense sizes (vocab 151936, head_dim 128, rope theta 1e6); the small ones tie their embeddings.
+QWEN3_SIZES = {
+    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, tie_word_embeddings=True),
+    "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, tie_word_embeddings=True),
+    "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, tie_word_embeddings=True),
+    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, tie_word_embeddings=False),
+    "14b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                num_key_value_heads=8, tie_word_embeddings=False),
+}  # fmt: skip
+QWEN3_COMMON = dict(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+TINY_QWEN3 = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, tie_word_embeddings=False)  # fmt: skip
+
+
+def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dtype) -> LanguagePolicy:
+    """A `LanguagePolicy` with random weights built on `device` in `dtype`: the Qwen3-Omni-30B-A3B thinker
+    (`arch` qwen3_omni; full-size text stack, shrunk towers) or a Qwen3 causal LM of `size` (a key of
+    QWEN3_SIZES); `size="tiny"` gives the tiny twin of either. The byte-level tokenizer of the tiny models
+    (ids below 266) stands in for Qwen's: the benchmark's text is synthetic."""
+    from transformers import (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3OmniMoeThinkerConfig,
+        Qwen3OmniMoeThinkerForConditionalGeneration,
+    )
+
+    from omnialign.models.qwen3 import CausalLMPolicy
+    from omnialign.models.qwen3_omni import OmniThinkerPolicy
+    from omnialign.models.tiny import MEDIA_TOKENS, byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            if arch == "qwen3_omni":
+                text = {**(TINY_OMNI_TEXT if size == "tiny" else QWEN3_OMNI_TEXT), **special}
+                towers = {k: {**v, "output_dim" if k == "audio_config" else "out_hidden_size": text["hidden_size"]}
+                          for k, v in SMALL_TOWERS.items()}  # fmt: skip
+                ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in MEDIA_TOKENS.items()}
+                config = Qwen3OmniMoeThinkerConfig(text_config=text, **towers, audio_token_id=ids["audio_token"],
+                                                   image_token_id=ids["image_token"],
+                                                   video_token_id=ids["video_token"],
+                                                   audio_start_token_id=ids["audio_bos_token"],
+                                                   vision_start_token_id=ids["vision_bos_token"])  # fmt: skip
+                net = Qwen3OmniMoeThinkerForConditionalGeneration(config)
+            elif arch == "qwen3":
+                sizes = TINY_QWEN3 if size == "tiny" else {**QWEN3_COMMON, **QWEN3_SIZES[size]}
+                net = Qwen3ForCausalLM(Qwen3Config(**sizes, **special))
+            else:
+                raise ValueError(f"model.arch={arch!r}: the language benchmark builds qwen3 or qwen3_omni")
+    finally:
+        torch.set_default_dtype(default)
+    net.generation_config.eos_token_id = special["eos_token_id"]
+    net.generation_config.pad_token_id = special["pad_token_id"]
+    if arch == "qwen3_omni":
+        return OmniThinkerPolicy(net, tokenizer, None, None)  # no media: no image processor, no feature extractor
+    return CausalLMPolicy(net, tokenizer)
+
+
+def synthetic_records(
+    policy: LanguagePolicy, dpo: bool, count: int, prompt_tokens: int, response_tokens: int
+) -> list[dict]:
+    """`count` train records and 2 val records of random letters (one token per character under the byte
+    tokenizer) whose chat-formatted prompts are `prompt_tokens` long; DPO pairs hold two responses of
+    `response_tokens` tokens with their end-of-turn token, RL prompts a ground truth for the `choice` reward."""
+    import random
+
+    overhead = len(policy.encode([[{"role": "user", "content": ""}]])[0][0])
+    if prompt_tokens <= overhead or (dpo and response_tokens < 2):
+        raise ValueError(f"prompts need more than {overhead} tokens (the chat template) and responses at least 2")
+    rng = random.Random(0)
+
+    def text(n: int) -> str:
+        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n))
+
+    out = []
+    for i in range(count + 2):
+        record = {"id": f"bench-{i}", "prompt": [{"role": "user", "content": text(prompt_tokens - overhead)}],
+                  "modality": "text", "split": "train" if i < count else "val"}  # fmt: skip
+        if dpo:
+            record.update(chosen=text(response_tokens - 1), rejected=text(response_tokens - 1))
+        else:
+            record["ground_truth"] = "A"
+        out.append(record)
+    return out
+
+
+def bench_language(
+    recipe: str,
+    prompts: int | None,
+    steps: int,
+    tiny: bool,
+    work: Path,
+    extra: list[str] = (),
+    model_size: str = "4b",
+    seq_len: int = 1024,
+    prompt_len: int = 256,
+    max_new_tokens: int = 512,
+) -> list[dict]:
+    """Training steps of a language recipe (offline DPO or RL) on a random full-size model; see the module docstring."""
+    import dataclasses
+
+    from omnialign.config import apply_overrides, validate
+    from omnialign.data.language import write_records
+    from omnialign.engine import optim
+    from omnialign.recipes import RECIPES
+    from omnialign.trainer import language, offline
+    from omnialign.trainer.language_objectives import dpo_objective, policy_objective
+
+    world = dist.init()
+    base = RECIPES[recipe]()
+    arch, algorithm = base.model.arch, base.algorithm.name
+    if arch not in ("qwen3", "qwen3_omni") or algorithm not in ("dpo", "grpo", "dapo", "gspo"):
+        raise SystemExit(f"bench language: recipe {recipe} ({arch}, {algorithm}) is not a qwen3/qwen3_omni recipe of "
+                         "dpo, grpo, dapo or gspo")  # fmt: skip
+    dpo = algorithm == "dpo"
+    per_gpu = prompts or (2 if tiny else base.data.prompts_per_step // world.size)
+    data = work / "language.parquet"
+    overrides = [f"data.prompts={data}", f"data.val_prompts={data}", f"data.prompts_per_step={per_gpu * world.size}",
+                 'reward.weights={"choice": 1.0}', f"model.dtype={'float32' if tiny else 'bfloat16'}",
+                 "engine.activation_checkpointing=true", "trainer.progress=false",
+                 f"trainer.output_dir={work}"]  # fmt: skip
+    if not dpo:
+        overrides.append(f"generation.max_new_tokens={max_new_tokens}")
+    if tiny:
+        overrides += ["rollout.n=4", "actor.micro_batch_size=4", "generation.micro_batch_size=8"]
+    config = apply_overrides(base, overrides + list(extra))
+    local = per_gpu * (2 if dpo else config.rollout.n)  # sequences per GPU and step
+    local_mini = (config.actor.mini_batch_size or 0) // world.size
+    if config.actor.mini_batch_size and (not local_mini or local % local_mini):
+        config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
+    config = validate(config)
+    policy = language_policy(arch, "tiny" if tiny else model_size, world.device, getattr(torch, config.model.dtype))
+    response = seq_len // 2 if dpo else max_new_tokens
+    if world.is_main:
+        work.mkdir(parents=True, exist_ok=True)
+        length = seq_len - response if dpo else prompt_len
+        write_records(synthetic_records(policy, dpo, per_gpu * world.size, length, response), data)
+    torch.distributed.barrier()
+    params_b = sum(p.numel() for p in policy.transformer.parameters()) / 1e9
+    policy, reference, _ = language.build(config, world, policy)
+    params = [p for p in policy.transformer.parameters() if p.requires_grad]
+    optimizer, scheduler = optim.build(params, config.actor)
+    run_dir = work / "run"
+    if dpo:
+        objective = dpo_objective(policy, config.algorithm)
+        trainer = offline.language_dpo(config, policy, params, optimizer, scheduler, objective, reference, world,
+                                       run_dir)  # fmt: skip
+    else:
+        objective = policy_objective(policy, config.algorithm, config.generation.temperature)
+        trainer = language.LanguageTrainer(config, policy, params, optimizer, scheduler, objective, world, run_dir,
+                                           reference)  # fmt: skip
+    cuda = world.device.type == "cuda"
+    model = "qwen3-omni-30b-a3b-thinker" if arch == "qwen3_omni" else f"qwen3-{model_size}"
+    head = {"recipe": recipe, "model": f"tiny-{arch}" if tiny else model,
+            "params_b": round(params_b, 3), "trainable_m": round(sum(p.numel() for p in params) / 1e6, 3),
+            "gpus": world.size}  # fmt: skip
+    rows = []
+    for step in range(1, steps + 1):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        metrics = trainer.train_step(step)
+        phases = {k.removeprefix("timing/"): v for k, v in trainer.timer.pop().items()}
+        seconds = sum(phases.values())
+        row = {**head, "step": step}
+        if dpo:
+            row.update(pairs=per_gpu, seq_len=seq_len, step_s=round(seconds, 2),
+                       samples_per_gpu_s=round(2 * per_gpu / seconds, 3),
+                       pairs_per_gpu_s=round(per_gpu / seconds, 3))  # fmt: skip
+        else:
+            tokens = float(metrics["rollout/response_length"]) * local
+            row.update(samples=local, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                       response_len=round(tokens / local, 1), step_s=round(seconds, 2),
+                       samples_per_gpu_s=round(local / seconds, 3),
+                       gen_tokens_per_s=round(tokens / phases["rollout"], 1))  # fmt: skip
+        row.update({f"{k}_s": round(v, 2) for k, v in phases.items()})
+        row["peak_alloc_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     keys = list(rows[0])
     print(" | ".join(keys))
@@ -250,8 +486,13 @@ def print_table(rows: list[dict]) -> None:
 def main(name: str, args) -> None:
     if name == "staging":
         rows = bench_staging(args.windows, args.modes, args.tiny)
+    elif name == "language":
+        rows = bench_language(args.recipe or "qwen3_omni_dpo", args.prompts, args.steps, args.tiny,
+                              Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len,
+                              args.max_new_tokens)  # fmt: skip
     else:
-        rows = bench_recipe(args.recipe, args.prompts, args.steps, args.tiny, args.peak, Path(args.work), args.set)
+        rows = bench_recipe(args.recipe or "qwen_image_ocr_flowgrpo_lora", args.prompts or 8, args.steps, args.tiny,
+                            args.peak, Path(args.work), args.set)  # fmt: skip
     if not dist.init().is_main:
         return
     print_table(rows)

@@ -152,11 +152,14 @@ class LanguageTrainer:
         return run_loop(self, self.policy.transformer, resume, "val/reward/mean")
 
 
-def build(config: Config, world: World) -> tuple[LanguagePolicy, Context | None, Context | None]:
+def build(
+    config: Config, world: World, policy: LanguagePolicy | None = None
+) -> tuple[LanguagePolicy, Context | None, Context | None]:
     """The sharded policy on its device, the reference context (adapters off, or a frozen copy under full
-    fine-tuning; None when unused) and the teacher context (None without algorithm.teacher_path)."""
+    fine-tuning; None when unused) and the teacher context (None without algorithm.teacher_path). `policy`
+    defaults to loading `config.model` (a benchmark passes one built in memory)."""
     m, a, e = config.model, config.algorithm, config.engine
-    policy = LOADERS[m.arch](m)
+    policy = LOADERS[m.arch](m) if policy is None else policy
     net, blocks, reference = policy.transformer, policy.blocks(), None
     mesh, dtype = fsdp.mesh(world), getattr(torch, m.dtype)
     if m.lora.rank > 0:

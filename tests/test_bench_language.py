@@ -1,0 +1,51 @@
+"""`omnialign bench language --tiny`: offline DPO on the tiny Qwen3-Omni thinker and GSPO on a tiny Qwen3, on the CPU,
+through the same code the GPU run takes (random model built in memory, the recipe's trainer, synthetic data)."""
+
+import json
+
+import pytest
+import torch
+
+from omnialign import bench
+from omnialign.cli import main as cli
+
+COMMON = {"recipe", "model", "params_b", "trainable_m", "gpus", "step", "step_s", "samples_per_gpu_s", "update_s",
+          "peak_alloc_gb"}  # fmt: skip
+KEYS = {
+    "dpo": COMMON | {"pairs", "seq_len", "pairs_per_gpu_s", "data_s", "reference_s"},
+    "gspo": COMMON | {"samples", "prompt_len", "max_new_tokens", "response_len", "gen_tokens_per_s", "rollout_s",
+                      "reward_s", "advantage_s"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kind, args",
+    [
+        ("dpo", ["--recipe", "qwen3_omni_dpo", "--seq-len", "48", "--prompts", "2"]),
+        ("gspo", ["--recipe", "choice_gspo", "--prompt-len", "24", "--max-new-tokens", "6", "--prompts", "2",
+                  "--set", "model.lora.rank=4", "model.lora.alpha=8"]),
+    ],
+)  # fmt: skip
+def test_bench_language_tiny_rows(kind, args, tmp_path, capsys):
+    out = tmp_path / f"{kind}.json"
+    cli(["bench", "language", "--tiny", "--steps", "2", "--work", str(tmp_path / "work"), "--out", str(out), *args])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert set(row) == KEYS[kind], set(row) ^ KEYS[kind]
+        assert row["samples_per_gpu_s"] > 0 and row["step_s"] > 0 and row["trainable_m"] > 0
+    if kind == "dpo":
+        assert rows[0]["model"] == "tiny-qwen3_omni" and rows[0]["pairs"] == 2 and rows[0]["pairs_per_gpu_s"] > 0
+    else:
+        assert rows[0]["samples"] == 8 and 0 < rows[0]["response_len"] <= 6 and rows[0]["gen_tokens_per_s"] > 0
+    assert "samples_per_gpu_s" in capsys.readouterr().out  # the table
+
+
+def test_full_size_configs_have_the_released_parameter_counts():
+    """Built on the meta device: the thinker's text stack of Qwen3-Omni-30B-A3B (30.5 B with shrunk towers) and
+    the released Qwen3 sizes (embeddings included)."""
+    expected = {("qwen3_omni", "30b-a3b"): 30.53, ("qwen3", "0.6b"): 0.60, ("qwen3", "4b"): 4.02,
+                ("qwen3", "8b"): 8.19}  # fmt: skip
+    for (arch, size), billions in expected.items():
+        policy = bench.language_policy(arch, size, torch.device("meta"), torch.bfloat16)
+        assert round(sum(p.numel() for p in policy.transformer.parameters()) / 1e9, 2) == billions
