@@ -8,12 +8,13 @@ import shutil
 import threading
 import wave
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from http_stub import JSONHandler, serving
 from peft import PeftModel
 from PIL import Image
 from safetensors.torch import load_file
@@ -43,11 +44,8 @@ class JudgeServer(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JSONHandler):
     server: JudgeServer
-
-    def log_message(self, format, *args):
-        pass
 
     def do_GET(self):
         self.answer(200 if self.path == "/v1/models" else 404, {"object": "list", "data": [{"id": "test-judge"}]})
@@ -63,24 +61,11 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(200, {"object": "chat.completion", "model": body["model"],
                           "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]})  # fmt: skip
 
-    def answer(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
 
 @contextmanager
 def judge_server(decide):
-    server = JudgeServer(decide)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(JudgeServer(decide)) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def answers_in(text: str) -> tuple[str, str]:

@@ -10,11 +10,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
+from http_stub import JSONHandler, serving
 from PIL import Image
 
 from omnialign.config import RewardConfig
@@ -34,14 +35,8 @@ FAST = {"backoff": 0.01, "max_backoff": 0.05}  # client retry timing for tests
 
 @contextmanager
 def running(fn, name="test", **kwargs):
-    server = RewardServer(fn, name, port=kwargs.pop("port", 0), **kwargs)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(RewardServer(fn, name, port=kwargs.pop("port", 0), **kwargs)) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def glyph_batch(n: int, seed: int = 0) -> tuple[torch.Tensor, list[str]]:
@@ -230,11 +225,8 @@ class ChatServer(ThreadingHTTPServer):
         return "".join(CHARSET[i] for i in ids if i < len(CHARSET))
 
 
-class ChatHandler(BaseHTTPRequestHandler):
+class ChatHandler(JSONHandler):
     server: ChatServer
-
-    def log_message(self, format, *args):
-        pass
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -258,24 +250,11 @@ class ChatHandler(BaseHTTPRequestHandler):
                           "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
                                        "finish_reason": "stop"}]})  # fmt: skip
 
-    def answer(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
 
 @contextmanager
 def chat_server(fail_first: int = 0):
-    server = ChatServer(fail_first)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(ChatServer(fail_first)) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_ocr_through_an_openai_compatible_endpoint(monkeypatch):
