@@ -274,18 +274,6 @@ QWEN3_OMNI_TEXT = dict(vocab_size=152064, hidden_size=2048, moe_intermediate_siz
                        num_experts_per_tok=8, max_position_embeddings=65536, rms_norm_eps=1e-6,
                        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20],
                                         "mrope_interleaved": True})  # fmt: skip
-TINY_OMNI_TEXT = dict(vocab_size=512, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
-                      num_experts_per_tok=2,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2],
-                                       "mrope_interleaved": True})  # fmt: skip
-# Shrunk towers (the released ones: Whisper-like audio encoder of 32 layers, 27-layer vision encoder); text-only
-# sequences never run them, but they stay in the network as in the released thinker.
-SMALL_TOWERS = dict(audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
-                                      num_mel_bins=128, downsample_hidden_size=16),
-                    vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, patch_size=16,
-                                       spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0],
-                                       num_position_embeddings=64))  # fmt: skip
 # Released Qwen3 dense sizes (vocab 151936, head_dim 128, rope theta 1e6); the small ones tie their embeddings.
 QWEN3_SIZES = {
     "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -301,8 +289,6 @@ QWEN3_SIZES = {
 }  # fmt: skip
 QWEN3_COMMON = dict(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
                     rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
-TINY_QWEN3 = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, tie_word_embeddings=False)  # fmt: skip
 
 
 def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dtype) -> LanguagePolicy:
@@ -319,7 +305,7 @@ def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dty
 
     from omnialign.models.qwen3 import CausalLMPolicy
     from omnialign.models.qwen3_omni import OmniThinkerPolicy
-    from omnialign.models.tiny import MEDIA_TOKENS, byte_tokenizer
+    from omnialign.models.tiny import TINY_OMNI_TEXT, byte_tokenizer, qwen3_sizes, thinker_config
 
     tokenizer = byte_tokenizer()
     special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -330,17 +316,10 @@ def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dty
         with torch.device(device):
             if arch == "qwen3_omni":
                 text = {**(TINY_OMNI_TEXT if size == "tiny" else QWEN3_OMNI_TEXT), **special}
-                towers = {k: {**v, "output_dim" if k == "audio_config" else "out_hidden_size": text["hidden_size"]}
-                          for k, v in SMALL_TOWERS.items()}  # fmt: skip
-                ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in MEDIA_TOKENS.items()}
-                config = Qwen3OmniMoeThinkerConfig(text_config=text, **towers, audio_token_id=ids["audio_token"],
-                                                   image_token_id=ids["image_token"],
-                                                   video_token_id=ids["video_token"],
-                                                   audio_start_token_id=ids["audio_bos_token"],
-                                                   vision_start_token_id=ids["vision_bos_token"])  # fmt: skip
+                config = Qwen3OmniMoeThinkerConfig(**thinker_config(text, tokenizer))  # shrunk towers
                 net = Qwen3OmniMoeThinkerForConditionalGeneration(config)
             elif arch == "qwen3":
-                sizes = TINY_QWEN3 if size == "tiny" else {**QWEN3_COMMON, **QWEN3_SIZES[size]}
+                sizes = qwen3_sizes() if size == "tiny" else {**QWEN3_COMMON, **QWEN3_SIZES[size]}
                 net = Qwen3ForCausalLM(Qwen3Config(**sizes, **special))
             else:
                 raise ValueError(f"model.arch={arch!r}: the language benchmark builds qwen3 or qwen3_omni")

@@ -228,19 +228,47 @@ def byte_tokenizer(words: tuple[str, ...] = ()) -> Qwen2Tokenizer:
     return tokenizer
 
 
+def qwen3_sizes(hidden: int = 32, layers: int = 2) -> dict:
+    """The sizes of a tiny `Qwen3Config` (vocab 512, room for the byte tokenizer)."""
+    return dict(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=1024,
+                tie_word_embeddings=False)  # fmt: skip
+
+
 def qwen3(path: str | Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
     """Build a tiny random `Qwen3ForCausalLM` (vocab 512, byte tokenizer) and save it with its tokenizer at `path`."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     tokenizer = byte_tokenizer()
-    config = Qwen3Config(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                         max_position_embeddings=1024, tie_word_embeddings=False,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = Qwen3Config(**qwen3_sizes(hidden, layers), pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
     Qwen3ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)
+
+
+# The tiny thinker's text stack (MoE, interleaved M-RoPE) and its audio and vision towers.
+TINY_OMNI_TEXT = dict(vocab_size=512, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                      num_experts_per_tok=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2],
+                                       "mrope_interleaved": True})  # fmt: skip
+TINY_OMNI_AUDIO = dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, num_mel_bins=128,
+                       downsample_hidden_size=16)  # fmt: skip
+TINY_OMNI_VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, patch_size=16, spatial_merge_size=2,
+                        temporal_patch_size=2, deepstack_visual_indexes=[0], num_position_embeddings=64)  # fmt: skip
+
+
+def thinker_config(text: dict, tokenizer: Qwen2Tokenizer) -> dict:
+    """Keyword arguments of a Qwen3-Omni thinker config: `text` as its text stack, the tiny audio and vision
+    towers projecting to the text's hidden size, and the media token ids of `tokenizer`."""
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in MEDIA_TOKENS.items()}
+    hidden = text["hidden_size"]
+    return dict(text_config=text, audio_config={**TINY_OMNI_AUDIO, "output_dim": hidden},
+                vision_config={**TINY_OMNI_VISION, "out_hidden_size": hidden}, audio_token_id=ids["audio_token"],
+                image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+                audio_start_token_id=ids["audio_bos_token"], vision_start_token_id=ids["vision_bos_token"])  # fmt: skip
 
 
 def qwen3_omni(path: str | Path, seed: int = 0) -> Path:
@@ -254,30 +282,8 @@ def qwen3_omni(path: str | Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     tokenizer = byte_tokenizer()
-    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in MEDIA_TOKENS.items()}
-    text = dict(vocab_size=512, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2],
-                                 "mrope_interleaved": True},
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
-    audio = dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=32,
-                 num_mel_bins=128, downsample_hidden_size=16)  # fmt: skip
-    vision = dict(
-        depth=1,
-        hidden_size=32,
-        intermediate_size=32,
-        num_heads=2,
-        patch_size=16,
-        out_hidden_size=32,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        deepstack_visual_indexes=[0],
-        num_position_embeddings=64,
-    )
-    thinker = dict(text_config=text, audio_config=audio, vision_config=vision, audio_token_id=ids["audio_token"],
-                   image_token_id=ids["image_token"], video_token_id=ids["video_token"],
-                   audio_start_token_id=ids["audio_bos_token"],
-                   vision_start_token_id=ids["vision_bos_token"])  # fmt: skip
+    thinker = thinker_config({**TINY_OMNI_TEXT, "pad_token_id": tokenizer.pad_token_id,
+                              "eos_token_id": tokenizer.eos_token_id}, tokenizer)  # fmt: skip
     model = Qwen3OmniMoeForConditionalGeneration(Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
