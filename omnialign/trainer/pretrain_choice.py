@@ -1,7 +1,7 @@
-"""Pretrain the choice world's base model from a seed on a CPU (a few minutes), and its noised student.
+"""Pretrain the choice world's base model from a seed on a CPU (a few minutes), its teacher and its noised student.
 
     omnialign prepare choice                      # writes omnialign/assets/choice/ (what ships)
-    omnialign prepare choice --out /tmp/choice --steps 300
+    omnialign prepare choice --out /tmp/choice --steps 300 --clean-steps 200
 
 A tiny `Qwen3ForCausalLM` (byte tokenizer with `<answer>` and `</answer>` as single tokens) learns to
 answer the choice questions (`omnialign.data.choice`) as `<answer>X</answer>` in two stages:
@@ -36,7 +36,7 @@ from omnialign.models.tiny import byte_tokenizer
 @dataclass
 class ChoicePretrainConfig:
     out: str = str(ASSETS)
-    """Folder of the base model (its `student/` beside it) and `pretrain.json`."""
+    """Folder of the base model (its `teacher/` and `student/` inside it) and `pretrain.json`."""
     seed: int = 0
     """Seed of the weights and of the batches."""
     steps: int = 800
@@ -85,9 +85,12 @@ def noised(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
 
 
 def prepare_choice(config: ChoicePretrainConfig) -> dict:
-    """Train, evaluate and save the base model and its student under config.out; returns the report."""
+    """Train, evaluate and save the base model, its teacher and its student under config.out; returns the report."""
     if not 0 < config.clean_steps < config.steps:
-        raise ValueError(f"clean_steps={config.clean_steps} must lie strictly between 0 and steps={config.steps}")
+        raise ValueError(
+            f"clean_steps={config.clean_steps} must lie strictly between 0 and steps={config.steps}: "
+            "set --clean-steps below --steps (the rest of the steps teach the A bias)"
+        )
     start, out = time.time(), Path(config.out)
     torch.manual_seed(config.seed)
     tokenizer = byte_tokenizer(words=("<answer>", "</answer>"))
