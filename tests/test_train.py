@@ -28,6 +28,16 @@ def without_timing(records):
     return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
 
 
+def assert_debug_runs_match(a_dir, b_dir):
+    """Two debug runs log the same metrics at every step (0, 1, 2), equal up to float32 rounding; timings aside."""
+    a, b = (without_timing(read_metrics(d / "debug" / "metrics.jsonl")) for d in (a_dir, b_dir))
+    assert len(a) == len(b) == 3
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            assert abs(ra[key] - rb[key]) <= 1e-5 + 1e-4 * abs(ra[key]), key
+
+
 def test_debug_run_writes_every_output(tmp_path):
     summary = main(debug_config(tmp_path))
     run = tmp_path / "debug"
@@ -159,22 +169,11 @@ def test_training_with_the_reward_behind_serve_reward_matches_in_process(tmp_pat
 def test_activation_checkpointing_and_cpu_offload_train_the_same(tmp_path):
     main(debug_config(tmp_path / "plain"))
     main(debug_config(tmp_path / "engine", "engine.activation_checkpointing=true", "engine.cpu_offload=true"))
-    plain = without_timing(read_metrics(tmp_path / "plain" / "debug" / "metrics.jsonl"))
-    engine = without_timing(read_metrics(tmp_path / "engine" / "debug" / "metrics.jsonl"))
-    for a, b in zip(plain, engine):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert abs(a[key] - b[key]) <= 1e-5 + 1e-4 * abs(a[key]), key
+    assert_debug_runs_match(tmp_path / "plain", tmp_path / "engine")
 
 
 def test_compiled_blocks_train_like_eager(tmp_path):
     """Regional torch.compile (inside FSDP and checkpointing) changes speed, not the numbers beyond rounding."""
     main(debug_config(tmp_path / "eager", "engine.activation_checkpointing=true"))
     main(debug_config(tmp_path / "compiled", "engine.activation_checkpointing=true", "engine.compile=true"))
-    eager = without_timing(read_metrics(tmp_path / "eager" / "debug" / "metrics.jsonl"))
-    compiled = without_timing(read_metrics(tmp_path / "compiled" / "debug" / "metrics.jsonl"))
-    assert len(eager) == len(compiled) == 3
-    for a, b in zip(eager, compiled):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert abs(a[key] - b[key]) <= 1e-5 + 1e-4 * abs(a[key]), key
+    assert_debug_runs_match(tmp_path / "eager", tmp_path / "compiled")
