@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from omnialign import rewards
-from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, to_dict
+from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, check_world_size, to_dict
 from omnialign.engine import checkpoint, dist, optim
 from omnialign.models import LOADERS
 from omnialign.trainer import language, offline
@@ -56,17 +56,7 @@ def main(config: Config, resume: str | None = None) -> dict:
             f"algorithm.name={config.algorithm.name!r} has no trainer yet; choose one of {list(ALGORITHMS)}"
         )
     world = dist.init()
-    if config.data.prompts_per_step % world.size:
-        raise ConfigError(
-            f"data.prompts_per_step={config.data.prompts_per_step} must be a multiple of the world size "
-            f"{world.size}: prompt groups are never split across ranks"
-        )
-    mini = config.actor.mini_batch_size
-    if mini and (mini % world.size or (mini // world.size) % config.actor.micro_batch_size):
-        raise ConfigError(
-            f"actor.mini_batch_size={mini} must split into world size {world.size} equal shares, each a multiple "
-            f"of actor.micro_batch_size={config.actor.micro_batch_size} (samples per device)"
-        )
+    check_world_size(config, world.size)
     dist.seed_everything(config.seed)
     run_dir = Path(config.trainer.output_dir) / config.name
     resume_path = resolve_resume(run_dir, resume)

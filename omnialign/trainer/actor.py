@@ -50,6 +50,15 @@ class UpdateResult(NamedTuple):
     model_output: dict[str, torch.Tensor]  # {} unless retained: name -> (epochs*B, steps, ...), plus "index"
 
 
+def local_config(config: ActorConfig, batch: int, multiple: int, world_size: int) -> ActorConfig:
+    """One device's actor settings for a training batch of `batch` rows across `world_size` devices: its
+    share of the mini-batch, and the largest micro-batch up to `config.micro_batch_size` (a multiple of
+    `multiple`) that divides that share. The gradient of a mini-batch does not depend on the micro-batch."""
+    mini = (config.mini_batch_size or batch) // world_size
+    micro = max(m for m in range(multiple, min(config.micro_batch_size, mini) + 1, multiple) if mini % m == 0)
+    return dataclasses.replace(config, mini_batch_size=mini, micro_batch_size=micro)
+
+
 def steps_of(batch: Any, objective: Objective) -> int:
     """Number of steps an objective runs over a batch; a field read at offsets up to o needs steps + o entries.
     An objective without per-step inputs (language models) runs once per micro-batch."""
@@ -113,6 +122,8 @@ def _run(
     for lo in range(0, len(order), micro_batch_size):
         index = order[lo : lo + micro_batch_size]
         micro = batch[index.to(batch.device)]
+        if stager is None:
+            micro = micro.to(device)  # a no-op where the batch already lives on the device
         resident = {name: getattr(micro, name) for name in objective.resident}
         if stager is None:
             for k in range(steps):

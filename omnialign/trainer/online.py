@@ -1,6 +1,5 @@
 """The online RL loop (FlowGRPO): each step is a flat list of named, timed phases."""
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -9,7 +8,7 @@ from tqdm import tqdm
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.batch import Trajectory
-from omnialign.config import Config
+from omnialign.config import Config, training_batch
 from omnialign.data.prompts import load_prompt_set, prompts_for_step
 from omnialign.engine import dist
 from omnialign.engine.dist import World
@@ -39,8 +38,7 @@ class OnlineTrainer:
     ):
         self.config, self.policy, self.params = config, policy, params
         # the optimizer steps on a global mini-batch: each rank contributes its share of it
-        local_mini = config.actor.mini_batch_size and config.actor.mini_batch_size // world.size
-        self.actor_config = dataclasses.replace(config.actor, mini_batch_size=local_mini)
+        self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
         self.optimizer, self.scheduler, self.algorithm = optimizer, scheduler, algorithm
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts, self.metadata = load_prompt_set(config.data.prompts)
