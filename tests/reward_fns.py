@@ -1,5 +1,6 @@
 """Reward functions that the reward tests load by path (`tests/reward_fns.py:NAME`) or serve."""
 
+import random
 import time
 
 import torch
@@ -12,6 +13,12 @@ def mean_pixel(outputs: torch.Tensor, prompts: list[str], metadata: list[dict], 
 def slow_length(outputs: list[str], prompts: list[str], metadata: list[dict], seconds: float = 0.5) -> list[float]:
     time.sleep(seconds)
     return [float(len(text)) for text in outputs]
+
+
+def random_scores(outputs, prompts: list[str], metadata: list[dict], seed: int = 0) -> list[float]:
+    """Uniform numbers that ignore the outputs: non-zero advantages for update-path tests on random weights."""
+    rng = random.Random(seed)
+    return [rng.random() for _ in outputs]
 
 
 def broken(outputs, prompts: list[str], metadata: list[dict]) -> list[float]:
