@@ -201,6 +201,10 @@ class ActorConfig:
     """Linear learning-rate warmup, in optimizer steps."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+    skip_nonfinite: bool = False
+    """On a NaN or infinite gradient (a non-finite loss or reward): False stops the run before that update (the
+    last checkpoint stays good); True skips the update, counts it (actor/skipped_updates, shouted in the step
+    line and the summary) and goes on. A run whose every update was skipped fails at the end either way."""
     micro_batch_size: int = 16
     """Most samples per training forward/backward on one device; lowered to the largest size that divides
     the device's share of the mini-batch, so a recipe runs on any device count that divides its batch."""
@@ -238,7 +242,7 @@ class TrainerConfig:
     save_every: int = 50
     """Save a checkpoint every this many steps, and at the end."""
     keep_last: int = 2
-    """Checkpoints kept in the run folder."""
+    """Checkpoints kept in the run folder (the newest ones); 0 keeps every checkpoint."""
     output_dir: str = "runs"
     """Runs are written to {output_dir}/{name}/."""
     progress: bool = True
@@ -379,7 +383,7 @@ def check_world_size(config: Config, world_size: int) -> None:
 
 def validate(config: Config) -> Config:
     """Cross-field checks that would otherwise fail deep inside a run; raises ConfigError."""
-    r, a = config.rollout, config.actor
+    r, a, d = config.rollout, config.actor, config.data
     window_end = r.steps if r.window_end is None else r.window_end
     batch, multiple, unit = training_batch(config)
     checks = [
@@ -417,6 +421,19 @@ def validate(config: Config) -> Config:
          "avoids; turn one off"),
         (config.trainer.val_every > 0 and config.trainer.save_every > 0,
          "trainer.val_every and trainer.save_every must be positive"),
+        (config.trainer.keep_last >= 0,
+         f"trainer.keep_last={config.trainer.keep_last} must be >= 0 (the newest checkpoints kept; 0 keeps all)"),
+        (config.trainer.total_steps >= 1, f"trainer.total_steps={config.trainer.total_steps} must be at least 1"),
+        (bool(config.name) and "/" not in config.name and "\\" not in config.name and config.name not in (".", ".."),
+         f"name={config.name!r} must be a plain folder name (no '/', not '.' or '..'): the run writes only inside "
+         f"trainer.output_dir/name; put the parent folder in trainer.output_dir"),
+        (d.prompts_per_step >= 1, f"data.prompts_per_step={d.prompts_per_step} must be at least 1"),
+        (d.val_seeds >= 1, f"data.val_seeds={d.val_seeds} must be at least 1 (images per validation prompt)"),
+        (a.epochs >= 1, f"actor.epochs={a.epochs} must be at least 1 (passes over each rollout batch)"),
+        (r.micro_batch_size >= 1, f"rollout.micro_batch_size={r.micro_batch_size} must be at least 1"),
+        (r.steps >= 1 and r.val_steps >= 1,
+         f"rollout.steps={r.steps} and rollout.val_steps={r.val_steps} must be at least 1"),
+        (r.height >= 1 and r.width >= 1, f"rollout.height={r.height}, rollout.width={r.width} must be positive"),
     ]  # fmt: skip
     if config.algorithm.name in LANGUAGE_ALGORITHMS:
         checks += _language_checks(config)
@@ -448,6 +465,17 @@ def _language_checks(config: Config) -> list[tuple[bool, str]]:
         (config.data.val_limit is None or config.data.val_limit >= 1,
          f"data.val_limit={config.data.val_limit} must be at least 1 (or None for the whole set)"),
     ]  # fmt: skip
+
+
+def flat_values(data: dict) -> dict[str, typing.Any]:
+    """A `to_dict` output as {dotted key of every leaf field: value} (dict-valued fields stay whole)."""
+    out = {}
+    for key in flat_fields():
+        value = data
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        out[key] = value
+    return out
 
 
 def to_dict(config: Config) -> dict:

@@ -29,6 +29,18 @@ def not_finite(outputs, prompts: list[str], metadata: list[dict]) -> list[float]
     return [float("nan")] * len(prompts)
 
 
+def beyond_float32(outputs, prompts: list[str], metadata: list[dict]) -> list[float]:
+    return [1e39] * len(prompts)  # finite in Python, inf in float32
+
+
+def strings(outputs, prompts: list[str], metadata: list[dict]) -> list[str]:
+    return ["1.0"] * len(prompts)
+
+
+def bools(outputs, prompts: list[str], metadata: list[dict]) -> list[bool]:
+    return [True] * len(prompts)
+
+
 def too_few(outputs, prompts: list[str], metadata: list[dict]) -> list[float]:
     return [1.0]
 

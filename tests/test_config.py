@@ -57,6 +57,11 @@ def test_missing_equals_sign():
         ("actor.micro_batch_size=0", "actor.micro_batch_size=0 must be at least 1"),
         ("actor.mini_batch_size=24", "actor.mini_batch_size=24 must divide the training batch 64"),
         ("algorithm.old_log_probs=maybe", "old_log_probs='maybe'"),
+        ("actor.epochs=0", "actor.epochs=0 must be at least 1"),
+        ("data.prompts_per_step=0", "data.prompts_per_step=0 must be at least 1"),
+        ("rollout.micro_batch_size=0", "rollout.micro_batch_size=0 must be at least 1"),
+        ("data.val_seeds=0", "data.val_seeds=0 must be at least 1"),
+        ("trainer.keep_last=-1", "trainer.keep_last=-1 must be >= 0"),
         ("rollout.kind=cps", "rollout.window_end <= 9"),
     ],
 )

@@ -202,17 +202,19 @@ def test_every_language_recipe_runs_two_steps(name, models, omni_data, tmp_path)
         assert (run / "samples" / "step_000002.jsonl").exists() and "reward/mean" in records[1]
 
 
-def test_language_run_resumes_identically(models, omni_data, tmp_path):
+@pytest.mark.parametrize("name", ["choice_dapo", "choice_distill", "choice_dpo"])
+def test_language_run_resumes_identically(name, models, omni_data, tmp_path):
+    """RL, on-policy distillation (a frozen teacher) and offline DPO (a reference): 3 steps = 2 + a resumed one."""
     args = ["trainer.total_steps=3", "trainer.save_every=2", "trainer.val_every=2"]
-    main(recipe_config("choice_dapo", models, omni_data, tmp_path / "a", *args))
-    main(recipe_config("choice_dapo", models, omni_data, tmp_path / "b", *args, "trainer.total_steps=2"))
-    main(recipe_config("choice_dapo", models, omni_data, tmp_path / "b", *args), resume="auto")
+    main(recipe_config(name, models, omni_data, tmp_path / "a", *args))
+    main(recipe_config(name, models, omni_data, tmp_path / "b", *args, "trainer.total_steps=2"))
+    main(recipe_config(name, models, omni_data, tmp_path / "b", *args), resume="auto")
 
     def strip(records):
         return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
 
-    a = strip(read_metrics(tmp_path / "a" / "choice_dapo" / "metrics.jsonl"))
-    b = strip(read_metrics(tmp_path / "b" / "choice_dapo" / "metrics.jsonl"))
+    a = strip(read_metrics(tmp_path / "a" / name / "metrics.jsonl"))
+    b = strip(read_metrics(tmp_path / "b" / name / "metrics.jsonl"))
     assert [r["step"] for r in b] == [0, 1, 2, 3] and a == b
 
 

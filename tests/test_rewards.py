@@ -189,7 +189,7 @@ def test_weighted_sum_logs_each_reward_and_keeps_info():
     assert result.info[0] == {"choice": {"answer": "4"}}
 
 
-@pytest.mark.parametrize("bad", ["broken", "not_finite", "too_few"])
+@pytest.mark.parametrize("bad", ["broken", "not_finite", "too_few", "beyond_float32", "strings", "bools"])
 def test_failing_optional_reward_scores_zero_and_a_required_one_stops(bad, caplog):
     name = f"{FNS}:{bad}"
     config = RewardConfig(weights={"choice": 1.0, name: 1.0}, optional=[name])
@@ -197,7 +197,9 @@ def test_failing_optional_reward_scores_zero_and_a_required_one_stops(bad, caplo
     result = score(texts, ["q", "q"], metadata, config)
     assert result.total.tolist() == [1.0, 0.0] and result.parts[name].tolist() == [0.0, 0.0]
     assert name in result.failed and name in caplog.text
-    reason = {"broken": "the judge is down", "not_finite": "non-finite", "too_few": "1 scores for 2"}[bad]
+    reason = {"broken": "the judge is down", "not_finite": "non-finite", "too_few": "1 scores for 2",
+              "beyond_float32": r"beyond float32.*1e\+39", "strings": "returned str '1.0' for sample 0",
+              "bools": "returned bool True for sample 0"}[bad]  # fmt: skip
     with pytest.raises(RewardError, match=f"required reward '{name}' failed: .*{reason}"):
         score(texts, ["q", "q"], metadata, RewardConfig(weights={"choice": 1.0, name: 1.0}))
 

@@ -167,7 +167,8 @@ def update(
 
     Each (micro-batch, step) loss is scaled so that a mini-batch's gradient is the mean over its
     samples and steps. Metrics come back as 0-d tensor means (no host sync besides the finite
-    check of each optimizer step); `skipped_updates` is a count.
+    check of each optimizer step); `skipped_updates` and `updates` are counts. A non-finite gradient
+    raises `optim.NonFiniteUpdate` unless `config.skip_nonfinite`.
     """
     size = batch.batch_size[0]
     steps = validate_batch(batch, objective, config.timestep_staging)
@@ -179,10 +180,14 @@ def update(
     per_micro: dict[str, list[torch.Tensor]] = {}
     bar = tqdm(total=config.epochs * -(-size // micro) * steps, desc="update", leave=False, disable=not progress)
 
+    mini_loss = [torch.zeros(())]  # the loss of the mini-batch being accumulated, checked at its optimizer step
+
     def step_fn(inputs: Inputs, k: int) -> None:
         loss, metrics, outputs = objective.fn(inputs)
         n = len(loss)
-        (loss.mean() * (n / mini / steps)).backward()
+        scaled = loss.mean() * (n / mini / steps)
+        scaled.backward()
+        mini_loss[0] = scaled.detach() + mini_loss[0].to(scaled.device)
         means.add("loss", loss)
         for name, value in metrics.items():
             means.add(name, value)
@@ -197,18 +202,20 @@ def update(
         retained.setdefault("index", []).append(index)
         per_micro.clear()
 
-    skipped = torch.zeros(())
+    skipped, updates = torch.zeros(()), 0
     for _ in range(config.epochs):
         order = torch.randperm(size, generator=generator) if config.shuffle else torch.arange(size)
         for lo in range(0, size, mini):
             _run(objective, batch, micro, device, order[lo : lo + mini], config.timestep_staging,
                  config.prefetch, step_fn, keep if return_model_output else lambda index: None)  # fmt: skip
-            grad_norm, was_skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm)
+            grad_norm, was_skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm,
+                                                config.skip_nonfinite, mini_loss[0])  # fmt: skip
+            mini_loss[0] = torch.zeros(())
             means.add("grad_norm", grad_norm)
-            skipped = skipped + was_skipped
+            skipped, updates = skipped + was_skipped, updates + 1
     bar.close()
     metrics = means.result()
-    metrics["skipped_updates"] = skipped
+    metrics["skipped_updates"], metrics["updates"] = skipped, torch.tensor(float(updates))
     return UpdateResult(metrics, {name: torch.cat(values) for name, values in retained.items()})
 
 

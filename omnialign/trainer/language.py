@@ -114,6 +114,9 @@ class LanguageTrainer:
                                   seed=c.seed * 1_000_003 + step, device=device, progress=self.progress)  # fmt: skip
         metrics.update({f"actor/{k}": v for k, v in update.metrics.items()})
         metrics.update({f"reward/{k}": v.mean() for k, v in scored.parts.items() if len(scored.parts) > 1})
+        metrics.update(
+            {f"reward/{k}/failed_chunks": torch.tensor(float(k in scored.failed)) for k in c.reward.optional}
+        )
         metrics.update({
             "reward/mean": all_rewards.mean(), "reward/std": all_rewards.std(),
             "reward/zero_std_ratio": adv_metrics["zero_std_ratio"], "reward/group_std": adv_metrics["group_std"],
@@ -141,6 +144,9 @@ class LanguageTrainer:
             path.write_text("\n".join(lines) + "\n")
         modalities = sorted({r["modality"] for r in self.val_records})
         out = {"val/reward/mean": reward.mean()}
+        out.update(
+            {f"val/reward/{k}/failed_chunks": torch.tensor(float(k in scored.failed)) for k in c.reward.optional}
+        )
         if len(modalities) > 1:
             for m in modalities:
                 rows = torch.tensor([r["modality"] == m for r in self.val_records], device=reward.device)
