@@ -35,7 +35,7 @@ FAST = {"backoff": 0.01, "max_backoff": 0.05}  # client retry timing for tests
 
 @contextmanager
 def running(fn, name="test", **kwargs):
-    with serving(RewardServer(fn, name, port=kwargs.pop("port", 0), **kwargs)) as server:
+    with RewardServer(fn, name, port=kwargs.pop("port", 0), **kwargs) as server:
         yield server
 
 
