@@ -343,6 +343,17 @@ def test_a_hung_reward_times_out_and_the_server_goes_on(served):
     assert health["status"] == "ok" and health["timed_out"] == 1 and health["held"] == 0
 
 
+def test_replies_are_not_held_back_on_a_kept_alive_connection():
+    """Without TCP_NODELAY each reply's body waited ~40 ms for the client's delayed ACK (Nagle's algorithm)."""
+    with running(load_reward(f"{FNS}:slow_length"), "quick") as server:
+        sock = connect(server.url)
+        start = time.monotonic()
+        for _ in range(20):
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply(sock)[0] == 200
+        assert time.monotonic() - start < 0.4
+
+
 def test_bodies_being_read_are_capped_in_memory():
     with running(load_reward(f"{FNS}:slow_length"), "capped", max_body=1 << 20, body_memory=2 << 20) as server:
         readers = [connect(server.url) for _ in range(2)]

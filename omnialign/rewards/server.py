@@ -165,6 +165,9 @@ class RewardServer:
         self.max_batch, self.max_queue, self.max_body, self.body_memory = max_batch, max_queue, max_body, body_memory
         self.reward_timeout, self.body_timeout = reward_timeout, body_timeout
         self.socket = socket.create_server((host, port), backlog=BACKLOG)
+        # accepted sockets inherit TCP_NODELAY, so a reply's header and body are not held back 40 ms by Nagle's
+        # algorithm (asyncio sets it only on sockets made with proto=IPPROTO_TCP, which create_server's are not)
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         config = uvicorn.Config(self, http=_Protocol, ws="none", lifespan="off", interface="asgi3", log_config=None,
                                 log_level="warning", access_log=False, proxy_headers=False, server_header=False,
                                 backlog=BACKLOG, timeout_keep_alive=header_timeout)  # fmt: skip
