@@ -23,6 +23,7 @@ import torch
 from http_stub import JSONHandler, serving
 from PIL import Image
 
+from omnialign.cli import main
 from omnialign.config import RewardConfig
 from omnialign.data.glyphs import CHARSET, render
 from omnialign.rewards import RewardWorker, score
@@ -229,6 +230,14 @@ def served(tmp_path_factory):
     finally:
         process.kill()
         process.wait()
+
+
+def test_serve_reward_refuses_an_empty_token_file_and_a_zero_timeout(tmp_path):
+    (tmp_path / "token").write_text("\n")
+    with pytest.raises(SystemExit, match=r"--token-file .*token is empty; write the token into it"):
+        main(["serve-reward", "jpeg_compressibility", "--token-file", str(tmp_path / "token")])
+    with pytest.raises(SystemExit, match=r"--reward-timeout 0.0: must be a positive number of seconds"):
+        main(["serve-reward", "jpeg_compressibility", "--port", "0", "--reward-timeout", "0"])
 
 
 def connect(url: str) -> socket.socket:
