@@ -112,9 +112,10 @@ def cmd_prepare_language(args: argparse.Namespace) -> None:
 def cmd_serve_reward(args: argparse.Namespace) -> None:
     import json
     import os
+    from pathlib import Path
 
     from omnialign.rewards import lookup
-    from omnialign.rewards.server import serve
+    from omnialign.rewards.server import RewardServer, serve
 
     try:
         options = json.loads(args.options)
@@ -125,9 +126,16 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
     try:
         fn = lookup(args.reward, options)
         token = args.token or os.environ.get("OMNIALIGN_REWARD_TOKEN") or None
-        serve(fn, args.reward, args.host, args.port, token, args.device, args.max_batch, args.max_queue)
+        if args.token_file:
+            token = Path(args.token_file).read_text().strip()
+            if not token:
+                raise ValueError(f"--token-file {args.token_file} is empty; write the token into it")
+        server = RewardServer(fn, args.reward, args.host, args.port, token, args.device, args.max_batch,
+                              args.max_queue, reward_timeout=args.reward_timeout, header_timeout=args.header_timeout,
+                              body_timeout=args.body_timeout)  # fmt: skip
     except (ValueError, OSError) as e:
         raise SystemExit(f"serve-reward: {e}") from None
+    serve(server)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -249,10 +257,19 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 for all)")
     sr.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; the URL is printed)")
     sr.add_argument("--device", help="move images to this device before scoring, e.g. cuda:1 (default: as sent)")
-    sr.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (default $OMNIALIGN_REWARD_TOKEN if set)")
+    tk = sr.add_mutually_exclusive_group()
+    tk.add_argument("--token-file", help="require 'Authorization: Bearer TOKEN', TOKEN read from this file "
+                    "(default $OMNIALIGN_REWARD_TOKEN if set)")  # fmt: skip
+    tk.add_argument("--token", help="as --token-file, the token itself (visible to other users in ps)")
     sr.add_argument("--options", default="{}", help="the reward's keyword options as a JSON object")
     sr.add_argument("--max-batch", type=int, default=64, help="most samples merged into one reward call")
     sr.add_argument("--max-queue", type=int, default=256, help="most requests held before answering 429")
+    sr.add_argument("--reward-timeout", type=float, default=240.0,
+                    help="seconds one reward call may take before its requests get 504")  # fmt: skip
+    sr.add_argument("--header-timeout", type=float, default=10.0,
+                    help="seconds a connection has to send its request headers; also the keep-alive limit")  # fmt: skip
+    sr.add_argument("--body-timeout", type=float, default=60.0,
+                    help="seconds a request has to send its body after the headers before 408")  # fmt: skip
     sr.set_defaults(fn=cmd_serve_reward)
     jd = sub.add_parser("judge", help="a judge model compares a trained model with its base (docs/judge.md)",
                         description="omnialign judge --data DATA --base MODEL --adapter PATH --judge-url URL "

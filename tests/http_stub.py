@@ -1,4 +1,4 @@
-"""Loopback HTTP pieces shared by the tests' stand-in servers (reward server, OpenAI-compatible chat)."""
+"""Loopback HTTP pieces shared by the tests' stand-in servers (OpenAI-compatible chat, judge)."""
 
 import json
 import threading

@@ -1,6 +1,7 @@
 """Reward functions that the reward tests load by path (`tests/reward_fns.py:NAME`) or serve."""
 
 import random
+import threading
 import time
 
 import torch
@@ -62,4 +63,11 @@ def picky(outputs: list[str], prompts: list[str], metadata: list[dict]) -> list[
     time.sleep(0.2)
     if any(meta.get("bad") for meta in metadata):
         raise ValueError("metadata 'bad' is set")
+    return [float(len(text)) for text in outputs]
+
+
+def hang_if_asked(outputs: list[str], prompts: list[str], metadata: list[dict]) -> list[float]:
+    """Text lengths; a batch holding a sample whose metadata says 'hang' never returns (a stuck judge)."""
+    if any(meta.get("hang") for meta in metadata):
+        threading.Event().wait()
     return [float(len(text)) for text in outputs]

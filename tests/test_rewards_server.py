@@ -1,9 +1,14 @@
 """The reward server and its client over real HTTP on loopback, and the OpenAI-compatible path."""
 
+import asyncio
 import base64
+import http.client
 import io
 import json
 import random
+import re
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +23,7 @@ import torch
 from http_stub import JSONHandler, serving
 from PIL import Image
 
+from omnialign.cli import main
 from omnialign.config import RewardConfig
 from omnialign.data.glyphs import CHARSET, render
 from omnialign.rewards import RewardWorker, score
@@ -35,7 +41,7 @@ FAST = {"backoff": 0.01, "max_backoff": 0.05}  # client retry timing for tests
 
 @contextmanager
 def running(fn, name="test", **kwargs):
-    with serving(RewardServer(fn, name, port=kwargs.pop("port", 0), **kwargs)) as server:
+    with RewardServer(fn, name, port=kwargs.pop("port", 0), **kwargs) as server:
         yield server
 
 
@@ -201,6 +207,181 @@ def test_a_bad_request_in_a_batch_fails_alone_with_422():
             with pytest.raises(RewardServerError, match="HTTP 422: reward 'picky' failed: ValueError: metadata 'bad'"):
                 bad.result()
     assert max(calls) == 4 and server.health()["failed_batches"] == 1  # batched together, then one by one
+
+
+# Hostile and broken peers, against `omnialign serve-reward` in its own process with one-second limits.
+
+TOKEN = "hostile-tests"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(url, pid) of a served `hang_if_asked` whose token is in a file and whose timeouts are 1 s."""
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN + "\n")
+    command = [sys.executable, "-m", "omnialign", "serve-reward", f"{FNS}:hang_if_asked", "--port", "0",
+               "--token-file", str(token_file), "--max-queue", "1000", "--reward-timeout", "1",
+               "--header-timeout", "1", "--body-timeout", "1"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert "serving reward" in line, line
+        yield line.split(" at ")[1].split()[0], process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_serve_reward_refuses_an_empty_token_file_and_a_zero_timeout(tmp_path):
+    (tmp_path / "token").write_text("\n")
+    with pytest.raises(SystemExit, match=r"--token-file .*token is empty; write the token into it"):
+        main(["serve-reward", "jpeg_compressibility", "--token-file", str(tmp_path / "token")])
+    with pytest.raises(SystemExit, match=r"--reward-timeout 0.0: must be a positive number of seconds"):
+        main(["serve-reward", "jpeg_compressibility", "--port", "0", "--reward-timeout", "0"])
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def head(length: int, token: str | None = TOKEN, path: str = "/score") -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {length}\r\n\r\n".encode()
+
+
+def reply(sock: socket.socket) -> tuple[int, dict]:
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    return response.status, json.loads(response.read())
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed `sock` (looks without waiting)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    try:
+        return sock.recv(1 << 16) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_an_unauthenticated_huge_body_is_refused_before_it_is_read(served):
+    url, pid = served
+    rss = lambda: int(re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())[1]) << 10
+    before = rss()
+    clients = [connect(url) for _ in range(4)]
+    for sock, token in zip(clients, (None, "wrong", None, "wrong")):
+        sock.sendall(head(200_000_000, token) + b"[" * (1 << 20))  # 200 MB announced, 1 MiB sent
+    for sock in clients:
+        status, body = reply(sock)  # answered while 199 MB of the body are still to come
+        assert status == 401 and body["error"].startswith("missing or wrong bearer token"), body
+    for sock in clients:
+        sock.sendall(b"[" * (16 << 20))  # more of the body: read and dropped, never kept
+    assert rss() - before < 32 << 20
+    for sock in clients:
+        sock.close()
+
+
+def test_slow_clients_are_dropped(served):
+    url, _ = served
+    loris = [connect(url) for _ in range(100)]
+    slow_body = connect(url)
+    slow_body.sendall(head(1000) + b'{"texts": ')
+    start = time.monotonic()
+    for sock in loris:
+        sock.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\n")
+    open_ = set(loris)
+    while open_ and time.monotonic() - start < 3:  # a header byte every 0.1 s, slow-loris style
+        for sock in list(open_):
+            try:
+                sock.send(b"X")
+            except OSError:
+                open_.discard(sock)
+            if closed_by_server(sock):
+                open_.discard(sock)
+        time.sleep(0.1)
+    assert not open_, f"{len(open_)} of 100 slow-header connections still open after {time.monotonic() - start:.1f}s"
+    status, body = reply(slow_body)
+    assert status == 408 and "body_timeout=1 s" in body["error"]
+    assert time.monotonic() - start < 3 and closed_by_server(slow_body)
+    assert RemoteReward(url, token=TOKEN, retries=0)(["abc"], ["q"], [{}]) == [3.0]
+
+
+def test_300_simultaneous_connections_are_all_answered(served):
+    url, _ = served
+    host, port = url.removeprefix("http://").split(":")
+
+    async def one(i: int) -> tuple[bytes, bytes]:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = json.dumps({"texts": ["x" * i], "prompts": ["q"]}).encode()
+        writer.write(head(len(body)).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + body)
+        data = await reader.read()  # to the end: the server closes after its reply
+        writer.close()
+        return data.split(b"\r\n", 1)[0], data.split(b"\r\n\r\n", 1)[1]
+
+    async def all_at_once() -> list:
+        return await asyncio.gather(*(asyncio.wait_for(one(i), 20) for i in range(300)), return_exceptions=True)
+
+    results = asyncio.run(all_at_once())
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, f"{len(errors)} of 300 failed, e.g. {errors[0]!r}"
+    assert [status for status, _ in results] == [b"HTTP/1.1 200 OK"] * 300
+    assert [json.loads(body)["scores"] for _, body in results] == [[float(i)] for i in range(300)]
+
+
+def test_deeply_nested_json_is_400(served):
+    url, _ = served
+    sock = connect(url)
+    body = b"[" * 100_000 + b"]" * 100_000
+    sock.sendall(head(len(body)) + body)
+    status, reply_ = reply(sock)
+    assert status == 400 and "nests arrays or objects too deeply" in reply_["error"]
+
+
+def test_a_hung_reward_times_out_and_the_server_goes_on(served):
+    url, _ = served
+    remote = RemoteReward(url, token=TOKEN, timeout=10, retries=0)
+    start = time.monotonic()
+    with pytest.raises(RewardServerError, match=r"HTTP 504: reward .*hang_if_asked' did not return within "
+                       r"reward_timeout=1 s \(--reward-timeout\)"):  # fmt: skip
+        remote(["abc"], ["q"], [{"hang": True}])
+    assert time.monotonic() - start < 3
+    assert remote(["abcd", "ab"], ["q", "q"], [{}, {}]) == [4.0, 2.0]
+    health = remote.health()
+    assert health["status"] == "ok" and health["timed_out"] == 1 and health["held"] == 0
+
+
+def test_replies_are_not_held_back_on_a_kept_alive_connection():
+    """Without TCP_NODELAY each reply's body waited ~40 ms for the client's delayed ACK (Nagle's algorithm)."""
+    with running(load_reward(f"{FNS}:slow_length"), "quick") as server:
+        sock = connect(server.url)
+        start = time.monotonic()
+        for _ in range(20):
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply(sock)[0] == 200
+        assert time.monotonic() - start < 0.4
+
+
+def test_bodies_being_read_are_capped_in_memory():
+    with running(load_reward(f"{FNS}:slow_length"), "capped", max_body=1 << 20, body_memory=2 << 20) as server:
+        readers = [connect(server.url) for _ in range(2)]
+        for sock in readers:  # two 1 MiB bodies, begun
+            sock.sendall(head(1 << 20, None) + b'{"texts": ')
+        deadline = time.monotonic() + 5
+        while server.health()["reading"] < 2 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sock = connect(server.url)
+        sock.sendall(head(2, None) + b"{}")
+        status, body = reply(sock)
+        assert (
+            status == 503
+            and "2097152 body bytes are being read and 2 more would pass body_memory=2097152" in (body["error"])
+        )
+        for sock in readers:
+            sock.close()  # the server lets their bytes go
+        assert RemoteReward(server.url, retries=20, **FAST)(["abc"], ["q"], [{}]) == [3.0]
+        assert server.health()["reading"] == 0
 
 
 class ChatServer(ThreadingHTTPServer):

@@ -18,36 +18,34 @@ exponential backoff (`backoff * 2**k` seconds, capped at `max_backoff`, with +-5
 server's Retry-After is honoured up to the cap), then a `RewardServerError` names the URL, the
 attempts and the last error. Any other 4xx fails at once with the server's message. A call of
 more than `chunk` samples is split into requests sent `concurrency` at a time and put back in
-sample order. Proxies from the environment are not used.
+sample order. Requests go through one httpx2 client per process, which keeps connections alive
+and reuses them (up to 64 idle, each for 5 s); proxies from the environment are not used.
 """
 
 import base64
-import http.client
 import json
 import os
 import random
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx2
 import torch
 
 from omnialign.rewards.base import Outputs, Scores, to_png
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_CLIENT = httpx2.Client(trust_env=False, limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64))
 
 
 class RewardServerError(RuntimeError):
     """An endpoint refused a request (4xx) or stayed unreachable after the retries."""
 
 
-def _server_message(error: urllib.error.HTTPError) -> str:
-    text = error.read().decode(errors="replace")
+def _server_message(response: httpx2.Response) -> str:
     try:
-        return str(json.loads(text)["error"])
+        return str(response.json()["error"])
     except (ValueError, KeyError, TypeError):
-        return text[:500] or error.reason
+        return response.text[:500] or response.reason_phrase
 
 
 def post_json(
@@ -68,21 +66,24 @@ def post_json(
     for attempt in range(retries + 1):
         retry_after = 0.0
         try:
-            request = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
-            with _OPENER.open(request, timeout=timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            message = _server_message(e)
-            if e.code != 429 and e.code < 500:
-                raise RewardServerError(f"{url}: HTTP {e.code}: {message}") from None
-            error = f"HTTP {e.code}: {message}"
+            response = _CLIENT.request("GET" if data is None else "POST", url, content=data, headers=headers,
+                                       timeout=timeout)  # fmt: skip
+        except httpx2.TransportError as e:  # refused, reset, timed out, cut short
+            cause = e
+            while (inner := cause.__cause__ or cause.__context__) is not None:  # down to the socket's own error,
+                cause = inner  # e.g. ConnectionRefusedError
+            error = f"{type(cause).__name__}: {cause}"
+        else:
+            if response.status_code < 400:
+                return response.json()
+            message = _server_message(response)
+            if response.status_code != 429 and response.status_code < 500:
+                raise RewardServerError(f"{url}: HTTP {response.status_code}: {message}")
+            error = f"HTTP {response.status_code}: {message}"
             try:
-                retry_after = float(e.headers.get("Retry-After", 0))
+                retry_after = float(response.headers.get("Retry-After", 0))
             except ValueError:
                 pass
-        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short
-            cause = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, Exception) else e
-            error = f"{type(cause).__name__}: {cause}"
         if attempt < retries:
             delay = min(max_backoff, backoff * 2**attempt) * random.uniform(0.5, 1.5)
             time.sleep(max(delay, min(retry_after, max_backoff)))
