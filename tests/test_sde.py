@@ -20,6 +20,14 @@ def test_static_shift_schedule():
     torch.testing.assert_close(sde.sigma_schedule(2), torch.tensor([1.0, 0.5, 0.0]))
 
 
+def test_schedule_to_a_given_sigma_min():
+    # SD3 without explicit sigmas: linspace(1, shifted(1/1000), N), shifted again; shifted(1/1000) = .003/1.002
+    assert sde.scheduler_sigma_min(3.0) == pytest.approx(0.003 / 1.002)
+    assert sde.scheduler_sigma_min(1.0, num_train_timesteps=100) == pytest.approx(0.01)
+    # linspace(1, .5, 2) = 1, .5; 3s/(1+2s) -> 1, .75; then 0
+    torch.testing.assert_close(sde.sigma_schedule(2, shift=3.0, sigma_min=0.5), torch.tensor([1.0, 0.75, 0.0]))
+
+
 def test_dynamic_shift_schedule():
     # e^mu / (e^mu + 1/s - 1) with mu = ln 2: s=.5 -> 2/3
     sigmas = sde.sigma_schedule(2, mu=math.log(2.0))
