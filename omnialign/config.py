@@ -373,6 +373,10 @@ def validate(config: Config) -> Config:
          f"algorithm.name={config.algorithm.name} trains on SDE-window transitions: set rollout.window_size >= 1"),
         (r.kind != "cps" or r.window_size == 0 or window_end < r.steps,
          f"rollout.kind=cps has no noise on the last step (sigma'=0): set rollout.window_end <= {r.steps - 1}"),
+        (config.algorithm.name != "grpo_guard" or r.kind != "cps",
+         "algorithm.name=grpo_guard with rollout.kind=cps: CPS log-probs drop the Gaussian normaliser 1/(2 std^2), "
+         "so GRPO-Guard's bias term does not cancel; set rollout.kind=sde (or dance), or use algorithm.name=flowgrpo "
+         "with CPS"),
         (r.window_schedule in ("per_sample", "random", "progressive"),
          f"rollout.window_schedule={r.window_schedule!r}: choose per_sample, random or progressive"),
         (config.algorithm.name != "nft" or config.model.lora.rank > 0,
