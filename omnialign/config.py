@@ -149,7 +149,9 @@ class AlgorithmConfig:
     adv_clip: float = 5.0
     """Advantages are clipped to [-adv_clip, adv_clip] (also NFT's c)."""
     kl_coef: float = 0.0
-    """Weight of the KL to the reference policy; 0 skips the reference forward."""
+    """Weight of the KL to the reference policy; 0 skips the reference forward. Diffusion: the exact Gaussian KL
+    mean((mu - mu_ref)^2) / (2 std^2), std including sqrt(-dt); flow_grpo divides by the squared noise scale
+    without dt, so its coefficient ports as kl_coef * |dt| (x0.1 at dt = -0.1)."""
     kl_estimator: str = "k3"
     """Per-token KL estimator of language algorithms: k1 or k3."""
     aggregation: str = "token-mean"
