@@ -142,10 +142,15 @@ def diffusion_nft(
         return CleanBatch(x0=traj.final, noise=noise, sigmas=sigmas.to(traj.final.device), cond=traj.cond,
                           advantages=traj.advantages, batch_size=[len(traj)])  # fmt: skip
 
+    batch_size = config.data.prompts_per_step * config.rollout.n
+    updates = config.actor.epochs * (batch_size // (config.actor.mini_batch_size or batch_size))
+
     def refresh(step: int) -> None:
+        """After training step `step`, `step * updates` optimizer steps have run: the decay counts those, as
+        DiffusionNFT's global_step does."""
         from omnialign.models.lora import blend_adapter
 
-        blend_adapter(policy.transformer, "old", nft.old_decay(step, a.old_schedule))
+        blend_adapter(policy.transformer, "old", nft.old_decay(step * updates, a.old_schedule))
 
     objective = Objective(fn, resident=("x0", "noise", "cond", "advantages"), per_step={"sigma": ("sigmas", 0)})
     return Algorithm(objective, batch, after_update=refresh, replays_window=False)
