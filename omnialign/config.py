@@ -182,9 +182,10 @@ class AlgorithmConfig:
     average_log_prob: bool = False
     """Language DPO: mean instead of sum of response-token log-probs."""
     timestep_mean: float = 0.0
-    """Diffusion-DPO: mean of the logit-normal density of the training sigma."""
+    """Diffusion-DPO: mean m of u = sigmoid(N(m, s^2)), which picks the training sigma at position floor(u*T) of the
+    model's T training sigmas (diffusers' `logit_mean`: m > 0 favours low noise)."""
     timestep_std: float = 1.0
-    """Diffusion-DPO: std of the logit-normal density of the training sigma."""
+    """Diffusion-DPO: std s of the logit-normal position u (diffusers' `logit_std`)."""
     distill_coef: float = 1.0
     """Weight of the on-policy distillation KL (added to the policy-gradient loss unless name=distill/opd)."""
     teacher_path: str | None = None

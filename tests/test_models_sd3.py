@@ -85,6 +85,13 @@ def test_schedule_matches_the_scheduler_without_explicit_sigmas(policy, path):
     torch.testing.assert_close(override.schedule(4, HEIGHT, WIDTH), torch.tensor([1.0, 0.667, 0.334, 0.001, 0.0]))
 
 
+def test_train_sigmas_are_the_fresh_schedulers(policy, path):
+    """The static shift applies at construction: the table Diffusion-DPO draws from is shifted(k/1000)."""
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
+    torch.testing.assert_close(policy.train_sigmas(), scheduler.sigmas, rtol=0, atol=1e-6)
+    assert policy.train_sigmas()[500].item() == pytest.approx(0.75)  # k = 500: 3 * .5 / (1 + 2 * .5)
+
+
 def test_decode_gives_images_in_unit_range(policy):
     images = policy.decode(torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)) * 3)
     assert images.shape == (2, 3, HEIGHT, WIDTH) and images.dtype == torch.float32

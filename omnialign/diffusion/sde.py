@@ -143,5 +143,23 @@ def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 
 def logit_normal(n: int, generator: torch.Generator, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
-    """n sigmas from the logit-normal density sigmoid(N(mean, std^2)), float32."""
+    """n draws u = sigmoid(N(mean, std^2)), float32."""
     return torch.sigmoid(torch.randn(n, generator=generator) * std + mean)
+
+
+def train_sigmas(shift: float = 1.0, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """The training sigmas of diffusers' FlowMatchEulerDiscreteScheduler as constructed, before any
+    `set_timesteps`: shifted((T, T-1, ..., 1) / T), (T,) float32 falling from 1. A scheduler that shifts
+    dynamically (Qwen-Image) does not shift them at construction: shift 1."""
+    steps = torch.arange(num_train_timesteps, 0, -1, dtype=torch.float64) / num_train_timesteps
+    return shifted(steps, shift).float()
+
+
+def logit_normal_sigmas(
+    n: int, generator: torch.Generator, table: torch.Tensor, mean: float = 0.0, std: float = 1.0
+) -> torch.Tensor:
+    """n training sigmas drawn as diffusers' training scripts draw timesteps (SD3 DreamBooth, flow_grpo's
+    Diffusion-DPO): u = sigmoid(N(mean, std^2)) indexes the `train_sigmas` table at floor(u * T), so u
+    near 1 picks low noise and a static shift moves the mass toward high noise."""
+    index = (logit_normal(n, generator, mean, std) * len(table)).long().clamp_max(len(table) - 1)
+    return table[index]

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, PreTrainedTokenizerBase, T5EncoderModel
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import scheduler_sigma_min, sigma_schedule
+from omnialign.diffusion.sde import scheduler_sigma_min, sigma_schedule, train_sigmas
 
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default T5 length
 PARTS = (
@@ -118,6 +118,9 @@ class SD3Policy:
     def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
         end = scheduler_sigma_min(self.shift, self.num_train_timesteps)
         return sigma_schedule(num_steps, shift=self.shift, sigma_min=end)
+
+    def train_sigmas(self) -> torch.Tensor:
+        return train_sigmas(self.shift, self.num_train_timesteps)
 
     def blocks(self) -> list[nn.Module]:
         return list(self.transformer.transformer_blocks)

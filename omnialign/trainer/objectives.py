@@ -180,12 +180,18 @@ def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -
 
 
 def pair_batch(
-    x0: torch.Tensor, cond: Any, scores: torch.Tensor, generator: torch.Generator, config: Config
+    x0: torch.Tensor,
+    cond: Any,
+    scores: torch.Tensor,
+    generator: torch.Generator,
+    config: Config,
+    train_sigmas: torch.Tensor,
 ) -> PairBatch:
-    """Adjacent winner/loser rows (2P, ...) to a `PairBatch` with one noise and one logit-normal sigma per pair."""
-    pairs = len(x0) // 2
+    """Adjacent winner/loser rows (2P, ...) to a `PairBatch` with one noise and one sigma per pair, the sigma
+    drawn from the model's training sigmas `train_sigmas` (T,) at a logit-normal position."""
+    a, pairs = config.algorithm, len(x0) // 2
     noise = torch.randn((pairs, *x0.shape[1:]), generator=generator).to(x0.device)
-    sigma = sde.logit_normal(pairs, generator, config.algorithm.timestep_mean, config.algorithm.timestep_std)
+    sigma = sde.logit_normal_sigmas(pairs, generator, train_sigmas, a.timestep_mean, a.timestep_std)
     return PairBatch(x0=x0.unflatten(0, (pairs, 2)), noise=noise, sigma=sigma.to(x0.device),
                      cond=cond.reshape(pairs, 2), scores=scores.view(pairs, 2), batch_size=[pairs])  # fmt: skip
 
@@ -203,7 +209,8 @@ def online_dpo(
 
     def batch(traj: Trajectory, step: int) -> PairBatch:
         rows = preference.best_and_worst(traj.rewards.cpu(), traj.group.cpu()).to(traj.final.device)
-        return pair_batch(traj.final[rows], traj.cond[rows], traj.rewards[rows], _generator(config, step, 3), config)
+        return pair_batch(traj.final[rows], traj.cond[rows], traj.rewards[rows], _generator(config, step, 3), config,
+                          policy.train_sigmas())  # fmt: skip
 
     return Algorithm(dpo_objective(policy, config, reference), batch, replays_window=False)
 
