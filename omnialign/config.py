@@ -147,7 +147,8 @@ class AlgorithmConfig:
     dual_clip: float | None = None
     """Dual clip c (> 1, typically 3): for A < 0 the loss is capped at -A*c; None disables it."""
     adv_clip: float = 5.0
-    """Advantages are clipped to [-adv_clip, adv_clip] (also NFT's c)."""
+    """Advantages are clipped to [-adv_clip, adv_clip] (also NFT's c). verl does not clip language advantages:
+    set 1e9 for its behaviour."""
     kl_coef: float = 0.0
     """Weight of the KL to the reference policy; 0 skips the reference forward. Diffusion: the exact Gaussian KL
     mean((mu - mu_ref)^2) / (2 std^2), std including sqrt(-dt); flow_grpo divides by the squared noise scale
@@ -180,7 +181,7 @@ class AlgorithmConfig:
     label_smoothing: float = 0.0
     """DPO label smoothing (conservative DPO)."""
     average_log_prob: bool = False
-    """Language DPO: mean instead of sum of response-token log-probs."""
+    """Language DPO: mean instead of sum of response-token log-probs (true reproduces published IPO, which averages)."""
     timestep_mean: float = 0.0
     """Diffusion-DPO: mean m of u = sigmoid(N(m, s^2)), which picks the training sigma at position floor(u*T) of the
     model's T training sigmas (diffusers' `logit_mean`: m > 0 favours low noise)."""
