@@ -13,7 +13,6 @@ The math lives in `algorithms/`; this module only calls the policy and hands ten
 """
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +26,9 @@ from omnialign.config import Config, RolloutConfig
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
 from omnialign.models.base import DiffusionPolicy
+from omnialign.models.reference import Context
 from omnialign.trainer.actor import Inputs, Objective
 
-Context = Callable[[], AbstractContextManager]
 FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
 
 

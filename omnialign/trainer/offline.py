@@ -19,9 +19,9 @@ from omnialign.engine import dist
 from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer
 from omnialign.models.base import LanguagePolicy
+from omnialign.models.reference import Context
 from omnialign.rollout.language import pack
 from omnialign.trainer import actor
-from omnialign.trainer.language import Context
 from omnialign.trainer.language_objectives import dpo_objective, logprob_objective
 from omnialign.trainer.loop import run_loop
 
