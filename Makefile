@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-.PHONY: demo test test-slow lint
+.PHONY: demo test test-slow test-gpu lint
 demo: $(VENV)/.installed
 	$(VENV)/bin/omnialign train --resume auto
 
@@ -23,6 +23,15 @@ test: $(VENV)/.installed
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q --runslow
+
+# The GPU tier (docs/testing.md), on a machine with a CUDA device and the packages already installed (no venv):
+# the CPU suite with its tiny models on the GPU (GPU_WORKERS pytest-xdist processes share the card), then every
+# released architecture at full size with random weights, one test at a time.
+GPU_WORKERS ?= 8
+test-gpu:
+	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA device'"
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not gpu" -n $(GPU_WORKERS)
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rP
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

@@ -45,6 +45,8 @@ Every step is reported, the first with its warm-up. `--tiny` runs the same code 
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -169,10 +171,10 @@ def full_qwen_image(device: torch.device, text_tokens: int) -> QwenImagePolicy:
                            max_sequence_length=text_tokens)  # fmt: skip
 
 
-def bench_recipe(
-    recipe: str, prompts: int, steps: int, tiny: bool, peak_tflops: float, work: Path, extra: list[str] = ()
-) -> list[dict]:
-    """Full training steps of a recipe with `prompts` prompts per GPU; see the module docstring."""
+@contextmanager
+def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: list[str] = ()) -> Iterator:
+    """The `OnlineTrainer` of a Qwen-Image recipe with `prompts` prompts per GPU on the full-size random pipeline
+    (or the tiny one), its reward worker running; see the module docstring."""
     import dataclasses
 
     import pyarrow as pa
@@ -216,16 +218,23 @@ def bench_recipe(
     optimizer, scheduler = optim.build(params, config.actor)
     algorithm = ALGORITHMS[config.algorithm.name](policy, config, contexts.get("reference"), contexts.get("teacher"),
                                                   contexts.get("old"))  # fmt: skip
-    rows = []
     with rewards.RewardWorker(config.reward) as worker:
-        trainer = OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, work / "run", worker,
-                                sync=dist.synchronizer(world.device))  # fmt: skip
+        yield OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, work / "run", worker,
+                            sync=dist.synchronizer(world.device))  # fmt: skip
+
+
+def bench_recipe(
+    recipe: str, prompts: int, steps: int, tiny: bool, peak_tflops: float, work: Path, extra: list[str] = ()
+) -> list[dict]:
+    """Full training steps of a recipe with `prompts` prompts per GPU; see the module docstring."""
+    rows = []
+    with recipe_trainer(recipe, prompts, tiny, work, extra) as trainer:
         for step in range(1, steps + 1):
-            if world.device.type == "cuda":
+            if trainer.world.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             metrics = trainer.train_step(step)
             phases = trainer.timer.pop()
-            rows.append(recipe_row(config, step, phases, peak_tflops, policy, world))
+            rows.append(recipe_row(trainer.config, step, phases, peak_tflops, trainer.policy, trainer.world))
             for name in ("actor/clip_frac", "actor/rollout_logprob_gap"):  # exactness of the rollout's log-probs
                 if name in metrics:
                     rows[-1][name.removeprefix("actor/")] = float(metrics[name])
@@ -360,10 +369,9 @@ def synthetic_records(
     return out
 
 
-def bench_language(
+def language_trainer(
     recipe: str,
     prompts: int | None,
-    steps: int,
     tiny: bool,
     work: Path,
     extra: list[str] = (),
@@ -371,8 +379,9 @@ def bench_language(
     seq_len: int = 1024,
     prompt_len: int = 256,
     max_new_tokens: int = 512,
-) -> list[dict]:
-    """Training steps of a language recipe (offline DPO or RL) on a random full-size model; see the module docstring."""
+) -> tuple:
+    """The trainer of a language recipe (offline DPO or RL) on a random full-size model, its policy, and the row
+    head that describes it; see the module docstring."""
     import dataclasses
 
     from omnialign.config import apply_overrides, validate
@@ -425,11 +434,33 @@ def bench_language(
         objective = policy_objective(policy, config.algorithm, config.generation.temperature)
         trainer = language.LanguageTrainer(config, policy, params, optimizer, scheduler, objective, world, run_dir,
                                            reference)  # fmt: skip
-    cuda = world.device.type == "cuda"
     model = "qwen3-omni-30b-a3b-thinker" if arch == "qwen3_omni" else f"qwen3-{model_size}"
     head = {"recipe": recipe, "model": f"tiny-{arch}" if tiny else model,
             "params_b": round(params_b, 3), "trainable_m": round(sum(p.numel() for p in params) / 1e6, 3),
             "gpus": world.size}  # fmt: skip
+    return trainer, policy, head
+
+
+def bench_language(
+    recipe: str,
+    prompts: int | None,
+    steps: int,
+    tiny: bool,
+    work: Path,
+    extra: list[str] = (),
+    model_size: str = "4b",
+    seq_len: int = 1024,
+    prompt_len: int = 256,
+    max_new_tokens: int = 512,
+) -> list[dict]:
+    """Training steps of a language recipe (offline DPO or RL) on a random full-size model; see the module docstring."""
+    trainer, _, head = language_trainer(recipe, prompts, tiny, work, extra, model_size, seq_len, prompt_len,
+                                     max_new_tokens)  # fmt: skip
+    config, world = trainer.config, trainer.world
+    dpo = config.algorithm.name == "dpo"
+    per_gpu = config.data.prompts_per_step // world.size
+    local = per_gpu * (2 if dpo else config.rollout.n)  # sequences per GPU and step
+    cuda = world.device.type == "cuda"
     rows = []
     for step in range(1, steps + 1):
         if cuda:

@@ -39,9 +39,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.show:
         print(describe(config))
         return
+    from omnialign.engine.optim import NonFiniteUpdate
     from omnialign.train import main
 
-    main(config, resume=args.resume)
+    try:
+        main(config, resume=args.resume)
+    except (ConfigError, NonFiniteUpdate) as e:
+        raise SystemExit(f"stopped: {e}") from None
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:

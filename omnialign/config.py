@@ -205,10 +205,15 @@ class ActorConfig:
     """Linear learning-rate warmup, in optimizer steps."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+    skip_nonfinite: bool = False
+    """On a NaN or infinite gradient (a non-finite loss or reward): False stops the run before that update (the
+    last checkpoint stays good); True skips the update, counts it (actor/skipped_updates, shouted in the step
+    line and the summary) and goes on. A run whose every update was skipped fails at the end either way."""
     micro_batch_size: int = 16
-    """Samples per training forward/backward."""
+    """Most samples per training forward/backward on one device; lowered to the largest size that divides
+    the device's share of the mini-batch, so a recipe runs on any device count that divides its batch."""
     mini_batch_size: int | None = None
-    """Samples per optimizer step (gradient accumulation); None means the whole rollout batch."""
+    """Samples per optimizer step across all devices (gradient accumulation); None means the whole batch."""
     epochs: int = 1
     """Passes over each rollout batch."""
     shuffle: bool = True
@@ -241,7 +246,7 @@ class TrainerConfig:
     save_every: int = 50
     """Save a checkpoint every this many steps, and at the end."""
     keep_last: int = 2
-    """Checkpoints kept in the run folder."""
+    """Checkpoints kept in the run folder (the newest ones); 0 keeps every checkpoint."""
     output_dir: str = "runs"
     """Runs are written to {output_dir}/{name}/."""
     progress: bool = True
@@ -358,14 +363,33 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
     return config
 
 
+def training_batch(config: Config) -> tuple[int, int, str]:
+    """(rows of one step's training batch across all devices, the multiple a micro-batch must be, their unit)."""
+    d = config.data
+    if config.algorithm.name in ("online_dpo", "diffusion_dpo"):  # one pair per prompt
+        return d.prompts_per_step, 1, "pairs: one per prompt, data.prompts_per_step"
+    if config.algorithm.name == "dpo":  # a pair's chosen and rejected rows train together
+        return 2 * d.prompts_per_step, 2, "rows: chosen and rejected of data.prompts_per_step pairs"
+    return d.prompts_per_step * config.rollout.n, 1, "samples: data.prompts_per_step * rollout.n"
+
+
+def check_world_size(config: Config, world_size: int) -> None:
+    """Whether `world_size` devices can share the step: whole prompt groups and equal mini-batch shares."""
+    batch, multiple, unit = training_batch(config)
+    mini = config.actor.mini_batch_size or batch
+    if config.data.prompts_per_step % world_size or mini % (world_size * multiple):
+        raise ConfigError(
+            f"{world_size} devices cannot share data.prompts_per_step={config.data.prompts_per_step} (prompt groups "
+            f"are never split) and a mini-batch of {mini} {unit.split(':')[0]} equally: run on a device count that "
+            f"divides both, or change data.prompts_per_step / actor.mini_batch_size"
+        )
+
+
 def validate(config: Config) -> Config:
     """Cross-field checks that would otherwise fail deep inside a run; raises ConfigError."""
     r, a, d = config.rollout, config.actor, config.data
     window_end = r.steps if r.window_end is None else r.window_end
-    if config.algorithm.name in ("online_dpo", "diffusion_dpo"):  # one pair per prompt
-        batch, unit = d.prompts_per_step, "pairs: one per prompt, data.prompts_per_step"
-    else:
-        batch, unit = d.prompts_per_step * r.n, "samples: data.prompts_per_step * rollout.n"
+    batch, multiple, unit = training_batch(config)
     checks = [
         (r.n >= 2, f"rollout.n={r.n}: group-relative advantages need at least 2 samples per prompt"),
         (0 <= r.window_start < window_end <= r.steps,
@@ -394,17 +418,30 @@ def validate(config: Config) -> Config:
          f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose rollout or recompute"),
         (config.model.dtype in ("float32", "bfloat16"),
          f"model.dtype={config.model.dtype!r}: choose float32 or bfloat16"),
-        (batch % a.micro_batch_size == 0,
-         f"actor.micro_batch_size={a.micro_batch_size} must divide the training batch {batch} ({unit})"),
-        (a.mini_batch_size is None or (a.mini_batch_size % a.micro_batch_size == 0 and batch % a.mini_batch_size == 0),
-         f"actor.mini_batch_size={a.mini_batch_size} must be a multiple of actor.micro_batch_size="
-         f"{a.micro_batch_size} and divide the training batch {batch} ({unit})"),
+        (a.micro_batch_size >= multiple,
+         f"actor.micro_batch_size={a.micro_batch_size} must be at least {multiple} ({unit})"),
+        (a.mini_batch_size is None or (a.mini_batch_size >= 1 and batch % a.mini_batch_size == 0
+                                       and a.mini_batch_size % multiple == 0),
+         f"actor.mini_batch_size={a.mini_batch_size} must divide the training batch {batch} ({unit})"),
         (config.model.lora.rank >= 0, f"model.lora.rank={config.model.lora.rank} must be >= 0"),
         (not (a.timestep_staging and config.engine.cpu_offload),
          "actor.timestep_staging=true with engine.cpu_offload=true: staging copies to the device that offload "
          "avoids; turn one off"),
         (config.trainer.val_every > 0 and config.trainer.save_every > 0,
          "trainer.val_every and trainer.save_every must be positive"),
+        (config.trainer.keep_last >= 0,
+         f"trainer.keep_last={config.trainer.keep_last} must be >= 0 (the newest checkpoints kept; 0 keeps all)"),
+        (config.trainer.total_steps >= 1, f"trainer.total_steps={config.trainer.total_steps} must be at least 1"),
+        (bool(config.name) and "/" not in config.name and "\\" not in config.name and config.name not in (".", ".."),
+         f"name={config.name!r} must be a plain folder name (no '/', not '.' or '..'): the run writes only inside "
+         f"trainer.output_dir/name; put the parent folder in trainer.output_dir"),
+        (d.prompts_per_step >= 1, f"data.prompts_per_step={d.prompts_per_step} must be at least 1"),
+        (d.val_seeds >= 1, f"data.val_seeds={d.val_seeds} must be at least 1 (images per validation prompt)"),
+        (a.epochs >= 1, f"actor.epochs={a.epochs} must be at least 1 (passes over each rollout batch)"),
+        (r.micro_batch_size >= 1, f"rollout.micro_batch_size={r.micro_batch_size} must be at least 1"),
+        (r.steps >= 1 and r.val_steps >= 1,
+         f"rollout.steps={r.steps} and rollout.val_steps={r.val_steps} must be at least 1"),
+        (r.height >= 1 and r.width >= 1, f"rollout.height={r.height}, rollout.width={r.width} must be positive"),
     ]  # fmt: skip
     if config.algorithm.name in LANGUAGE_ALGORITHMS:
         checks += _language_checks(config)
@@ -436,6 +473,17 @@ def _language_checks(config: Config) -> list[tuple[bool, str]]:
         (config.data.val_limit is None or config.data.val_limit >= 1,
          f"data.val_limit={config.data.val_limit} must be at least 1 (or None for the whole set)"),
     ]  # fmt: skip
+
+
+def flat_values(data: dict) -> dict[str, typing.Any]:
+    """A `to_dict` output as {dotted key of every leaf field: value} (dict-valued fields stay whole)."""
+    out = {}
+    for key in flat_fields():
+        value = data
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        out[key] = value
+    return out
 
 
 def to_dict(config: Config) -> dict:

@@ -12,6 +12,7 @@ Full fine-tuning runs become the network's own `save_pretrained` folder.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -67,9 +68,18 @@ def write_adapter(net: torch.nn.Module, lora_config: "lora.LoraConfig", out_dir:
 
 
 def export(checkpoint_dir: Path, out_dir: Path) -> Path:
-    """Write the adapter (LoRA runs) or the full network (full fine-tuning) of a checkpoint to out_dir."""
+    """Write the adapter (LoRA runs) or the full network (full fine-tuning) of a checkpoint to out_dir. The files
+    are written to a hidden folder beside it and renamed when complete: an interrupted export leaves no folder
+    that looks like an adapter without its weights (an existing out_dir is replaced only then)."""
+    out_dir = Path(out_dir)
     _, net, lora_config = load_trained_network(checkpoint_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     if lora_config is None:
-        net.save_pretrained(out_dir)
-        return Path(out_dir)
-    return write_adapter(net, lora_config, out_dir)
+        net.save_pretrained(tmp)
+    else:
+        write_adapter(net, lora_config, tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir

@@ -64,9 +64,17 @@ SUMMARY = [
 ]
 
 
+def failed_rewards(m: dict[str, float]) -> list[str]:
+    """Names of the optional rewards that failed in a step's metrics (training or validation)."""
+    return sorted({k.removeprefix("val/").removeprefix("reward/").removesuffix("/failed_chunks")
+                   for k, v in m.items() if k.endswith("/failed_chunks") and v})  # fmt: skip
+
+
 def summary_line(step: int, total: int, m: dict[str, float]) -> str:
     shown = [(k, fmt) for k, fmt in SUMMARY if k in m and (k != "actor/skipped_updates" or m[k])]
     parts = [f"step {step}/{total}"] + [fmt.format(m[k]) for k, fmt in shown]
+    if failed_rewards(m):
+        parts.append(f"OPTIONAL REWARDS FAILED, scored 0: {', '.join(failed_rewards(m))}")
     times = [f"{k.removeprefix('timing/')} {v:.1f}s" for k, v in m.items() if k.startswith("timing/")]
     return " ".join(parts) + (" | " + " ".join(times) if times else "")
 
@@ -93,10 +101,11 @@ class MetricsLog:
         echo(summary_line(step, self.total_steps, metrics))
 
     def truncate_after(self, step: int) -> None:
-        """Drop records of steps after `step` (a resumed run redoes them)."""
+        """Drop records of steps after `step` (a resumed run redoes them), and a last line a crash cut short;
+        the file is replaced atomically."""
         if self.path.exists():
-            keep = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step]
-            self.path.write_text("".join(line + "\n" for line in keep))
+            keep = [json.dumps(r) for r in read_metrics(self.path) if r["step"] <= step]
+            write_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def close(self) -> None:
         if self.writer is not None:
@@ -104,7 +113,24 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a metrics.jsonl. A last line that is not JSON was cut short by a crash and is left out;
+    a bad line elsewhere raises ValueError naming the file and the line."""
+    lines = Path(path).read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number} is not a JSON record: {line[:80]!r}") from None
+    return records
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` through a temporary file, so a crash leaves the old file or the new one."""
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def save_grid(images: torch.Tensor, captions: list[str], ncols: int, path: Path, scale: int = 2) -> None:

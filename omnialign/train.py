@@ -10,9 +10,10 @@ import shutil
 from pathlib import Path
 
 from omnialign import rewards
-from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, to_dict
+from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, check_world_size, flat_values, to_dict
 from omnialign.engine import checkpoint, dist, optim
-from omnialign.models import LOADERS
+from omnialign.metrics import write_atomic
+from omnialign.models import IMAGE_SIZES, LOADERS, check_image_size
 from omnialign.trainer import language, offline
 from omnialign.trainer.build import build_policy
 from omnialign.trainer.objectives import ALGORITHMS
@@ -35,6 +36,34 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
     return Path(resume)
 
 
+RESUMABLE = (
+    "recipe",
+    "trainer.",
+    "engine.",
+    "reward.remote",
+    "actor.timestep_staging",
+    "actor.prefetch",
+    "rollout.micro_batch_size",
+    "generation.micro_batch_size",
+)
+"""Config keys a resumed run may change: how long it trains and how often it validates and saves, how the same
+math is computed (engine options, staging, chunk sizes), where remote rewards are served. Any other change would
+make it a different training run: start a new one (name=NEW) instead."""
+
+
+def check_resume_config(saved: dict, config: Config) -> None:
+    """ConfigError listing every key that differs from the run's saved config.json and may not change on resume."""
+    old, new = flat_values(saved), flat_values(json.loads(json.dumps(to_dict(config))))
+    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in old
+               if old.get(k) != new.get(k) and not k.startswith(RESUMABLE)]  # fmt: skip
+    if changed:
+        raise ConfigError(
+            "--resume continues the same training run, but these settings differ from its config.json: "
+            f"{'; '.join(changed)}. Keys that may change on resume start with {', '.join(RESUMABLE)}; "
+            "start a new run (name=NEW_NAME) to change the others"
+        )
+
+
 def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
     if fresh:
         for stale in ("metrics.jsonl", "samples", "tensorboard", "reward_curve.png", "summary.json"):
@@ -44,7 +73,7 @@ def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
             else:
                 path.unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    write_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2))
 
 
 def main(config: Config, resume: str | None = None) -> dict:
@@ -55,22 +84,19 @@ def main(config: Config, resume: str | None = None) -> dict:
         raise ConfigError(
             f"algorithm.name={config.algorithm.name!r} has no trainer yet; choose one of {list(ALGORITHMS)}"
         )
+    if config.model.arch in IMAGE_SIZES and config.algorithm.name != "diffusion_dpo":
+        check_image_size(config.model.arch, config.rollout.height, config.rollout.width)
     world = dist.init()
-    if config.data.prompts_per_step % world.size:
-        raise ConfigError(
-            f"data.prompts_per_step={config.data.prompts_per_step} must be a multiple of the world size "
-            f"{world.size}: prompt groups are never split across ranks"
-        )
-    mini = config.actor.mini_batch_size
-    if mini and (mini % world.size or (mini // world.size) % config.actor.micro_batch_size):
-        raise ConfigError(
-            f"actor.mini_batch_size={mini} must split into world size {world.size} equal shares, each a multiple "
-            f"of actor.micro_batch_size={config.actor.micro_batch_size} (samples per device)"
-        )
+    check_world_size(config, world.size)
     dist.seed_everything(config.seed)
     run_dir = Path(config.trainer.output_dir) / config.name
     resume_path = resolve_resume(run_dir, resume)
+    if resume_path is not None:
+        check_resume_config(json.loads((resume_path.parent.parent / "config.json").read_text()), config)
     if world.is_main:
+        if resume_path is not None and resume_path.resolve().parent.parent == run_dir.resolve():
+            for moved in checkpoint.set_aside_after(resume_path):
+                print(f"{moved.name} is newer than {resume_path.name}: moved to {moved.parent / 'abandoned'}")
         prepare_run_dir(run_dir, config, fresh=resume_path is None)
     if config.algorithm.name in LANGUAGE_ALGORITHMS:
         return language.main(config, world, run_dir, resume_path)

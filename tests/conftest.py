@@ -1,5 +1,14 @@
+import importlib.util
+import shutil
+
 import pytest
 import torch
+
+# marker -> (is the external program or package there, why the test skips without it)
+EXTERNAL = {
+    "tesseract": (shutil.which("tesseract") is not None, "needs the tesseract program: apt-get install tesseract-ocr"),
+    "math_verify": (importlib.util.find_spec("math_verify") is not None, "needs math-verify: pip install math-verify"),
+}
 
 
 def pytest_addoption(parser):
@@ -14,6 +23,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+        for marker, (present, reason) in EXTERNAL.items():
+            if marker in item.keywords and not present:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)

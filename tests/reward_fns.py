@@ -1,5 +1,6 @@
 """Reward functions that the reward tests load by path (`tests/reward_fns.py:NAME`) or serve."""
 
+import random
 import time
 
 import torch
@@ -14,12 +15,30 @@ def slow_length(outputs: list[str], prompts: list[str], metadata: list[dict], se
     return [float(len(text)) for text in outputs]
 
 
+def random_scores(outputs, prompts: list[str], metadata: list[dict], seed: int = 0) -> list[float]:
+    """Uniform numbers that ignore the outputs: non-zero advantages for update-path tests on random weights."""
+    rng = random.Random(seed)
+    return [rng.random() for _ in outputs]
+
+
 def broken(outputs, prompts: list[str], metadata: list[dict]) -> list[float]:
     raise RuntimeError("the judge is down")
 
 
 def not_finite(outputs, prompts: list[str], metadata: list[dict]) -> list[float]:
     return [float("nan")] * len(prompts)
+
+
+def beyond_float32(outputs, prompts: list[str], metadata: list[dict]) -> list[float]:
+    return [1e39] * len(prompts)  # finite in Python, inf in float32
+
+
+def strings(outputs, prompts: list[str], metadata: list[dict]) -> list[str]:
+    return ["1.0"] * len(prompts)
+
+
+def bools(outputs, prompts: list[str], metadata: list[dict]) -> list[bool]:
+    return [True] * len(prompts)
 
 
 def too_few(outputs, prompts: list[str], metadata: list[dict]) -> list[float]:

@@ -1,18 +1,23 @@
 """Overrides and validation fail before anything loads, naming the key, the value and the fix."""
 
+import dataclasses
+
 import pytest
 
 from omnialign.config import (
     ConfigError,
     apply_overrides,
+    check_world_size,
     describe,
     field_docs,
     flat_fields,
     from_dict,
     to_dict,
+    training_batch,
     validate,
 )
 from omnialign.recipes import RECIPES
+from omnialign.trainer.actor import local_config
 
 
 def test_overrides_set_typed_values():
@@ -49,8 +54,14 @@ def test_missing_equals_sign():
         ("rollout.n=1", "rollout.n=1"),
         ("rollout.window_size=11", "window_size=11"),
         ("rollout.kind=euler", "rollout.kind='euler'"),
-        ("actor.micro_batch_size=7", "actor.micro_batch_size=7"),
+        ("actor.micro_batch_size=0", "actor.micro_batch_size=0 must be at least 1"),
+        ("actor.mini_batch_size=24", "actor.mini_batch_size=24 must divide the training batch 64"),
         ("algorithm.old_log_probs=maybe", "old_log_probs='maybe'"),
+        ("actor.epochs=0", "actor.epochs=0 must be at least 1"),
+        ("data.prompts_per_step=0", "data.prompts_per_step=0 must be at least 1"),
+        ("rollout.micro_batch_size=0", "rollout.micro_batch_size=0 must be at least 1"),
+        ("data.val_seeds=0", "data.val_seeds=0 must be at least 1"),
+        ("trainer.keep_last=-1", "trainer.keep_last=-1 must be >= 0"),
         ("rollout.kind=cps", "rollout.window_end <= 9"),
     ],
 )
@@ -86,3 +97,32 @@ def test_every_field_is_documented():
                 cfg.ActorConfig, cfg.TrainerConfig, cfg.EngineConfig, cfg.LoraConfig]:  # fmt: skip
         docs = field_docs(cls)
         assert set(docs) == {f.name for f in dataclasses.fields(cls)}, cls.__name__
+
+
+def test_micro_batch_fits_each_device_share():
+    """The largest micro-batch up to the configured one that divides the device's share of the mini-batch."""
+    a = RECIPES["glyphs"]().actor  # micro 32, mini 32 of a 64-sample batch
+    assert (local_config(a, 64, 1, 1).mini_batch_size, local_config(a, 64, 1, 1).micro_batch_size) == (32, 32)
+    assert (local_config(a, 64, 1, 2).mini_batch_size, local_config(a, 64, 1, 2).micro_batch_size) == (16, 16)
+    seven = dataclasses.replace(a, micro_batch_size=7)
+    assert local_config(seven, 64, 1, 1).micro_batch_size == 4
+    whole = dataclasses.replace(a, micro_batch_size=3, mini_batch_size=None)
+    assert (local_config(whole, 32, 2, 4).mini_batch_size, local_config(whole, 32, 2, 4).micro_batch_size) == (8, 2)
+
+
+def test_every_recipe_runs_on_every_device_count_that_divides_its_prompts():
+    for name, fn in RECIPES.items():
+        config = validate(fn())
+        batch, multiple, _ = training_batch(config)
+        for world in range(1, config.data.prompts_per_step + 1):
+            if config.data.prompts_per_step % world:
+                continue
+            check_world_size(config, world)
+            local = local_config(config.actor, batch, multiple, world)
+            assert local.mini_batch_size * world == (config.actor.mini_batch_size or batch), (name, world)
+            assert local.mini_batch_size % local.micro_batch_size == 0 and local.micro_batch_size % multiple == 0
+
+
+def test_a_device_count_that_splits_a_prompt_group_is_refused():
+    with pytest.raises(ConfigError, match="3 devices cannot share data.prompts_per_step=8"):
+        check_world_size(RECIPES["glyphs"](), 3)

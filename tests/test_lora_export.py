@@ -5,6 +5,7 @@ import torch
 from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
 from peft import PeftModel
 
+from omnialign import export as export_module
 from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.export import export, load_trained_network, write_adapter
@@ -117,6 +118,23 @@ def test_exported_adapter_loads_in_peft_and_diffusers(tmp_path):
     policy = glyphs.load()
     policy.transformer.load_lora_adapter(out, weight_name="pytorch_lora_weights.safetensors", prefix="transformer")
     torch.testing.assert_close(policy.velocity(x, sigma, cond), expected)
+
+
+def test_an_interrupted_export_leaves_no_adapter_folder(tmp_path, monkeypatch):
+    ckpt = trained_run(tmp_path, "model.lora.rank=4", "model.lora.alpha=8")
+    real_save = export_module.save_file
+
+    def crash_on_the_second_file(tensors, path, **kwargs):
+        if str(path).endswith("pytorch_lora_weights.safetensors"):
+            raise OSError("disk full")
+        real_save(tensors, path, **kwargs)
+
+    monkeypatch.setattr(export_module, "save_file", crash_on_the_second_file)
+    with pytest.raises(OSError, match="disk full"):
+        export(ckpt, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
+    monkeypatch.undo()
+    assert (export(ckpt, tmp_path / "adapter") / "pytorch_lora_weights.safetensors").exists()
 
 
 def test_exported_full_model_loads_with_from_pretrained(tmp_path):

@@ -58,3 +58,23 @@ def test_offline_dpo_without_pairs_fails_clearly(tmp_path):
     )
     with pytest.raises(ValueError, match="data.pairs"):
         main(config)
+
+
+def test_offline_dpo_resumes_identically(pairs, tmp_path):
+    model, root = pairs
+
+    def config(out, steps):
+        return validate(apply_overrides(RECIPES["sd3_offline_dpo"](), [
+            f"model.path={model}", "model.dtype=float32", f"data.pairs={root / 'train'}",
+            f"data.val_pairs={root / 'val'}", "data.prompts_per_step=2", "actor.micro_batch_size=2",
+            "model.lora.rank=4", "model.lora.alpha=8", "engine.activation_checkpointing=false",
+            f"trainer.total_steps={steps}", "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
+            f"trainer.output_dir={out}",
+        ]))  # fmt: skip
+
+    main(config(tmp_path / "a", 3))
+    main(config(tmp_path / "b", 2))
+    main(config(tmp_path / "b", 3), resume="auto")
+    a, b = ([{k: v for k, v in r.items() if not k.startswith("timing/")}
+             for r in read_metrics(tmp_path / run / "sd3_offline_dpo" / "metrics.jsonl")] for run in "ab")  # fmt: skip
+    assert [r["step"] for r in b] == [0, 1, 2, 3] and a == b

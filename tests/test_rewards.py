@@ -55,6 +55,7 @@ def test_ocr_target_from_ground_truth_or_quotes_else_a_clear_error():
         ocr_similarity("x", "  ")
 
 
+@pytest.mark.tesseract
 def test_tesseract_reads_rendered_text():
     images = torch.stack([text_image("HELLO WORLD"), text_image("Omni 42"), text_image("HELLO WORLD")])
     prompts = ["a poster", 'a sign that says "Omni 42"', "a poster"]
@@ -64,6 +65,12 @@ def test_tesseract_reads_rendered_text():
     assert scores.info[0] == {"text": "HELLO WORLD", "target": "hello world"}
     with pytest.raises(ValueError, match="scores images"):
         ocr(["text"], ["p"], [{"ground_truth": "x"}])
+
+
+def test_ocr_without_tesseract_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH where no tesseract program lives
+    with pytest.raises(RuntimeError, match="runs the tesseract program: apt-get install tesseract-ocr"):
+        ocr(text_image("HELLO")[None], ["p"], [{"ground_truth": "hello"}])
 
 
 @pytest.mark.parametrize(
@@ -121,6 +128,7 @@ def test_choice_letters_and_options():
     assert options_of("", {"options": ["3", "4"]}) == {"A": "3", "B": "4"}
 
 
+@pytest.mark.math_verify
 def test_math_letters_partial_credit_and_symbolic_equivalence():
     prompt = "What is 3 * 5? A. 12 B. 15 C. 18"
     cases = [  # (response, ground truth, expected)
@@ -139,6 +147,7 @@ def test_math_letters_partial_credit_and_symbolic_equivalence():
     assert scores == [c[2] for c in cases]
 
 
+@pytest.mark.math_verify
 def test_math_check_is_bounded_in_time():
     start = time.monotonic()
     scores = math_answer(["<answer>9^{9^{9}}</answer>"], ["q"], [{"ground_truth": "2"}], timeout=0.5)
@@ -180,7 +189,7 @@ def test_weighted_sum_logs_each_reward_and_keeps_info():
     assert result.info[0] == {"choice": {"answer": "4"}}
 
 
-@pytest.mark.parametrize("bad", ["broken", "not_finite", "too_few"])
+@pytest.mark.parametrize("bad", ["broken", "not_finite", "too_few", "beyond_float32", "strings", "bools"])
 def test_failing_optional_reward_scores_zero_and_a_required_one_stops(bad, caplog):
     name = f"{FNS}:{bad}"
     config = RewardConfig(weights={"choice": 1.0, name: 1.0}, optional=[name])
@@ -188,7 +197,9 @@ def test_failing_optional_reward_scores_zero_and_a_required_one_stops(bad, caplo
     result = score(texts, ["q", "q"], metadata, config)
     assert result.total.tolist() == [1.0, 0.0] and result.parts[name].tolist() == [0.0, 0.0]
     assert name in result.failed and name in caplog.text
-    reason = {"broken": "the judge is down", "not_finite": "non-finite", "too_few": "1 scores for 2"}[bad]
+    reason = {"broken": "the judge is down", "not_finite": "non-finite", "too_few": "1 scores for 2",
+              "beyond_float32": r"beyond float32.*1e\+39", "strings": "returned str '1.0' for sample 0",
+              "bools": "returned bool True for sample 0"}[bad]  # fmt: skip
     with pytest.raises(RewardError, match=f"required reward '{name}' failed: .*{reason}"):
         score(texts, ["q", "q"], metadata, RewardConfig(weights={"choice": 1.0, name: 1.0}))
 

@@ -1,5 +1,6 @@
 """End to end on the shipped glyphs model: outputs, the porting check, resume, crash safety."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from omnialign.batch import Trajectory
 from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.engine.dist import World
+from omnialign.engine.optim import NonFiniteUpdate
 from omnialign.metrics import read_metrics
 from omnialign.models import glyphs
 from omnialign.recipes import RECIPES
@@ -109,7 +111,7 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert torch.equal(model.weight, saved)
 
 
-def test_non_finite_update_is_skipped_and_counted():
+def test_non_finite_update_stops_or_is_skipped_and_counted():
     model = torch.nn.Linear(2, 1)
     params = list(model.parameters())
     before = [p.detach().clone() for p in params]
@@ -123,8 +125,11 @@ def test_non_finite_update_is_skipped_and_counted():
         return model(inputs["x"]).squeeze(-1) * float("nan"), {}, {}
 
     objective = actor.Objective(fn, resident=(), per_step={"x": ("latents", 0), "x_next": ("latents", 1)})
-    out = actor.update(objective, batch, params, opt, sched, RECIPES["debug"]().actor, seed=0)
-    assert out.metrics["skipped_updates"].item() == 1.0
+    config = RECIPES["debug"]().actor
+    with pytest.raises(NonFiniteUpdate, match="loss is nan and the gradient norm nan"):
+        actor.update(objective, batch, params, opt, sched, config, seed=0)
+    out = actor.update(objective, batch, params, opt, sched, dataclasses.replace(config, skip_nonfinite=True), seed=0)
+    assert out.metrics["skipped_updates"].item() == out.metrics["updates"].item() == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, params))
 
 

@@ -1,8 +1,9 @@
 """The unrolled denoising loop: classifier-free guidance, per-sample seeds, trajectory capture.
 
 `sample` knows nothing of the model: it calls `velocity_fn(latents, sigma, cond)` and the
-transitions of `sde.py`. Each sample owns a generator seeded from its own seed, so a sample's
-noise and SDE window do not depend on its batch neighbours or on the batch size.
+transitions of `sde.py`. Each sample owns a host generator seeded from its own seed, so a sample's
+noise and SDE window do not depend on its batch neighbours, on the batch size, or on the device:
+noise is drawn on the host and copied, so the same seeds give the same noise on a CPU and a GPU.
 """
 
 from collections.abc import Callable
@@ -37,9 +38,12 @@ def guided_velocity(
     return v
 
 
-def per_sample_noise(generators: list[torch.Generator], shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """Standard normal noise (len(generators), *shape) in float32, row i from generators[i]."""
-    return torch.stack([torch.randn(shape, generator=g, device=device) for g in generators])
+def per_sample_noise(
+    generators: list[torch.Generator], shape: tuple[int, ...], device: torch.device | None = None
+) -> torch.Tensor:
+    """Standard normal noise (len(generators), *shape) in float32 on `device`, row i drawn from the host
+    generator generators[i]."""
+    return torch.stack([torch.randn(shape, generator=g) for g in generators]).to(device)
 
 
 class Sampled(NamedTuple):
@@ -64,13 +68,15 @@ def sample(
     eta: float = 0.0,
     starts: torch.Tensor | None = None,
     window: int = 0,
+    device: torch.device | None = None,
 ) -> Sampled:
-    """Denoise from per-sample noise along `sigmas` (N+1,); steps k in [starts_b, starts_b + window)
-    of sample b use the `kind` transition with noise level eta, all others the ODE (Euler) step.
+    """Denoise from per-sample noise along `sigmas` (N+1,) on `device` (None: the host); steps k in
+    [starts_b, starts_b + window) of sample b use the `kind` transition with noise level eta, all others
+    the ODE (Euler) step. `generators` are host generators, one per sample.
 
     With window=0 this is plain ODE sampling (validation) and the captured tensors are empty.
     """
-    batch, device = len(generators), generators[0].device
+    batch = len(generators)
     x = per_sample_noise(generators, latent_shape, device)
     starts = torch.zeros(batch, dtype=torch.long) if starts is None else starts
     in_window = [(starts <= k) & (k < starts + window) for k in range(len(sigmas) - 1)]

@@ -38,6 +38,22 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def set_aside_after(path: Path) -> list[Path]:
+    """Move the checkpoints of `path`'s run newer than `path` into `checkpoints/abandoned/`: resuming from an
+    older checkpoint starts a new branch, and `--resume auto` must continue that branch, not the old one."""
+    path = Path(path)
+    step = int(_NAME.match(path.name).group(1))
+    newer = [p for p in checkpoints(path.parent.parent) if int(_NAME.match(p.name).group(1)) > step]
+    aside = path.parent / "abandoned"
+    for p in newer:
+        aside.mkdir(exist_ok=True)
+        target = aside / p.name
+        while target.exists():
+            target = target.with_name(target.name + "_")
+        p.rename(target)
+    return newer
+
+
 def save(
     run_dir: Path,
     step: int,
@@ -47,16 +63,21 @@ def save(
     trainer_state: dict,
     keep_last: int,
     world: World,
+    tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Save atomically and prune to the newest `keep_last`; every rank calls this."""
+    """Save atomically and prune to the newest `keep_last` (0 keeps all); every rank calls this. `tensors` are
+    kept beside the trained parameters (frozen state an algorithm changes, e.g. an old-policy adapter)."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:06d}", root / f".step_{step:06d}.tmp"
+    if keep_last < 0:
+        raise ValueError(f"trainer.keep_last={keep_last} must be >= 0 (0 keeps every checkpoint)")
     if world.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+    state = {"model": model_state, "optim": optim_state, **({"tensors": tensors} if tensors else {})}
+    dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
     extra = {"scheduler": scheduler.state_dict(), "rng": rng_state(), "world_size": world.size, **trainer_state}
     torch.save(extra, tmp / f"trainer_rank{world.rank}.pt")
     barrier()
@@ -64,7 +85,7 @@ def save(
         if final.exists():  # the same step saved again (after a resume): replace it
             shutil.rmtree(final)
         tmp.rename(final)
-        for old in checkpoints(run_dir)[:-keep_last]:
+        for old in checkpoints(run_dir)[:-keep_last] if keep_last else []:
             shutil.rmtree(old)
     barrier()
     return final
@@ -76,13 +97,15 @@ def load(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     world: World,
+    tensors: dict[str, torch.Tensor] | None = None,
 ) -> dict:
-    """Restore model, optimizer, scheduler and RNG states (any world size); returns the trainer state."""
+    """Restore model, optimizer, scheduler and RNG states (any world size) and `tensors` in place; returns the
+    trainer state."""
     path = Path(path)
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no .metadata); pick one of {path.parent}/step_*")
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
-    state = {"model": model_state, "optim": optim_state}
+    state = {"model": model_state, "optim": optim_state, **({"tensors": tensors} if tensors else {})}
     dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
     own = path / f"trainer_rank{world.rank}.pt"

@@ -30,7 +30,13 @@ def init() -> World:
     so that FSDP2, checkpoints and reductions take the same code path at world size 1.
     """
     if torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank, visible = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local_rank >= visible:
+            raise RuntimeError(
+                f"process {local_rank} of this node has no GPU of its own ({visible} visible): start at most "
+                f"{visible} per node (torchrun --nproc-per-node {visible}), or hide the GPUs (CUDA_VISIBLE_DEVICES=) "
+                "to run on the CPU"
+            )
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -18,20 +18,35 @@ def build(
     return optimizer, scheduler
 
 
+class NonFiniteUpdate(FloatingPointError):
+    """The gradient of an update is NaN or infinite; the update was not applied."""
+
+
 def step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     params: list[torch.nn.Parameter],
     max_grad_norm: float,
+    skip_nonfinite: bool = False,
+    loss: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip, then step only if the gradient norm is finite; always zero the gradients.
+    """Clip, then step only if the gradient norm and the update's `loss` (0-d, optional) are finite; always zero
+    the gradients. A non-finite one raises `NonFiniteUpdate` unless `skip_nonfinite`.
 
     Returns (grad norm before clipping, 1.0 if the update was skipped else 0.0). One host sync.
     """
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     if isinstance(grad_norm, DTensor):  # sharded parameters give a replicated global norm
         grad_norm = grad_norm.full_tensor()
-    finite = bool(torch.isfinite(grad_norm))
+    loss = grad_norm.new_zeros(()) if loss is None else loss.detach().float().reshape(()).to(grad_norm.device)
+    finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss))
+    if not finite and not skip_nonfinite:
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteUpdate(
+            f"the loss is {float(loss)} and the gradient norm {float(grad_norm)}: a loss or a reward is NaN or "
+            "infinite. The update was not applied and the last checkpoint is intact; look at the step's rewards "
+            "and losses, or set actor.skip_nonfinite=true to skip such updates and go on"
+        )
     if finite:
         optimizer.step()
         scheduler.step()

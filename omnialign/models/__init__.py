@@ -1,7 +1,21 @@
 """Model adapters by architecture: `LOADERS[arch](model_config)` returns a `DiffusionPolicy` (glyphs, qwen_image,
-sd3) or a `LanguagePolicy` (qwen3, qwen3_omni) on the CPU."""
+sd3) or a `LanguagePolicy` (qwen3, qwen3_omni) on the CPU. `IMAGE_SIZES[arch]` is what an image architecture
+can draw: (the multiple its height and width must be, the largest side or None)."""
 
+from omnialign.config import ConfigError
 from omnialign.models import glyphs, qwen3, qwen3_omni, qwen_image, sd3
 
 LOADERS = {"glyphs": glyphs.load, "qwen_image": qwen_image.load, "sd3": sd3.load, "qwen3": qwen3.load,
            "qwen3_omni": qwen3_omni.load}  # fmt: skip
+IMAGE_SIZES = {"glyphs": (2, 32), "qwen_image": (16, None), "sd3": (16, None)}  # pixels; VAE x patch for latents
+
+
+def check_image_size(arch: str, height: int, width: int) -> None:
+    """ConfigError naming rollout.height / rollout.width and the fix when `arch` cannot draw that size."""
+    multiple, largest = IMAGE_SIZES[arch]
+    if height % multiple or width % multiple or (largest and max(height, width) > largest):
+        bound = f" and at most {largest}" if largest else ""
+        raise ConfigError(
+            f"rollout.height={height}, rollout.width={width}: model.arch={arch} draws sides divisible by "
+            f"{multiple}{bound}; change rollout.height / rollout.width"
+        )

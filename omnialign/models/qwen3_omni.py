@@ -28,6 +28,11 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeAudioEncoder,
+    Qwen3OmniMoeThinkerTextModel,
+    Qwen3OmniMoeVisionEncoder,
+)
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from omnialign.config import ModelConfig
@@ -92,6 +97,13 @@ def video_patches(frames: np.ndarray, ip: Qwen2VLImageProcessorPil) -> tuple[tor
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.tensor([[t, gh, gw]])
 
 
+def find(net: nn.Module, kind: type) -> nn.Module:
+    """The one submodule of `kind`: transformers moved the thinker's parts between versions (5.17: `model`,
+    `visual`, `audio_tower` side by side; 5.24: under `model`, the text stack as `model.language_model`)."""
+    (found,) = [m for m in net.modules() if isinstance(m, kind)]
+    return found
+
+
 def _expand(text: str, token: str, counts: list[int], kind: str) -> str:
     parts = text.split(token)
     if len(parts) - 1 != len(counts):
@@ -107,19 +119,20 @@ class OmniThinkerPolicy(CausalLMPolicy):
     def __init__(self, transformer: nn.Module, tokenizer, image_processor, feature_extractor):
         super().__init__(transformer, tokenizer)
         self.image_processor, self.feature_extractor = image_processor, feature_extractor
-        self.frozen = [transformer.model.visual, transformer.model.audio_tower]
+        self.language_model = find(transformer, Qwen3OmniMoeThinkerTextModel)
+        self.frozen = [find(transformer, Qwen3OmniMoeVisionEncoder), find(transformer, Qwen3OmniMoeAudioEncoder)]
         config = transformer.config
         self.banned_token_ids = [config.image_token_id, config.audio_token_id, config.video_token_id]
         for tower in self.frozen:
             tower.requires_grad_(False)
-        layers = transformer.model.language_model.layers
+        layers = self.language_model.layers
         prefix = next(name for name, m in transformer.named_modules() if m is layers)
         self.lora_targets = [f"{prefix}.{i}.self_attn.{p}" for i in range(len(layers)) for p in ATTENTION]
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers, then each tower whole: generation runs the towers outside the network's forward,
         so they must be units of their own when sharded."""
-        return [*self.transformer.model.language_model.layers, *self.frozen]
+        return [*self.language_model.layers, *self.frozen]
 
     def to(self, device: torch.device) -> "OmniThinkerPolicy":
         return self  # the towers belong to the sharded network and move with it

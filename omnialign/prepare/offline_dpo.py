@@ -138,7 +138,7 @@ def candidates(
     r = config.rollout
     cond = policy.encode_prompts(prompts)
     repeated = cond[torch.arange(len(prompts), device=cond.device).repeat_interleave(r.n)]
-    generators = [torch.Generator(device).manual_seed(int(s)) for s in seeds]
+    generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
     out = sample(
         policy.velocity,
         generators,
@@ -148,6 +148,7 @@ def candidates(
         None if uncond is None else uncond.expand(len(seeds)),
         guidance=r.guidance,
         cfg_rescale=r.cfg_rescale,
+        device=device,
     )
     return cond, out.final, policy.decode(out.final)
 

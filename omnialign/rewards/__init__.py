@@ -30,6 +30,7 @@ raises. Leave a submitted chunk's tensors unmodified until its future is done.
 import inspect
 import logging
 import math
+import numbers
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 log = logging.getLogger(__name__)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class RewardError(RuntimeError):
@@ -119,9 +121,17 @@ def _call(fn: RewardFn, outputs: Outputs, prompts: list[str], metadata: list[dic
             values = fn(outputs, prompts, metadata)
         if len(values) != len(prompts):
             raise ValueError(f"returned {len(values)} scores for {len(prompts)} samples")
+        if isinstance(values, torch.Tensor):
+            values = values.tolist()  # a bool tensor gives bools, refused below
+        wrong = [(i, v) for i, v in enumerate(values) if isinstance(v, bool) or not isinstance(v, numbers.Real)]
+        if wrong:
+            i, v = wrong[0]
+            raise TypeError(f"returned {type(v).__name__} {v!r} for sample {i} ({len(wrong)} such): a reward returns "
+                            "numbers (int or float), never strings or bools")  # fmt: skip
         scores = values if isinstance(values, Scores) else Scores(values)
-        if not all(math.isfinite(v) for v in scores):
-            raise ValueError(f"returned non-finite scores {[v for v in scores if not math.isfinite(v)][:8]}")
+        big = [v for v in scores if not math.isfinite(v) or abs(v) > FLOAT32_MAX]
+        if big:
+            raise ValueError(f"returned non-finite scores (or beyond float32, which training uses) {big[:8]}")
         return scores
     except Exception as e:  # judged in combine: fatal for a required reward, logged for an optional one
         return e

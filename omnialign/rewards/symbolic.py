@@ -51,7 +51,8 @@ class _Helper:
     def check(self, gold: str, answer: str, timeout: float) -> bool | None:
         with self.lock:
             if self.process is None or self.process.poll() is not None:
-                self.process = subprocess.Popen([sys.executable, "-I", __file__], stdin=subprocess.PIPE,
+                # -P: this file's folder stays off sys.path; the environment (PYTHONPATH) is kept
+                self.process = subprocess.Popen([sys.executable, "-P", __file__], stdin=subprocess.PIPE,
                                                 stdout=subprocess.PIPE, bufsize=0)  # fmt: skip
                 if self._read_line(120.0) != b"ready\n":
                     self.stop()

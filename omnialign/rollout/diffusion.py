@@ -17,8 +17,9 @@ def sample_seeds(seed: int, step: int, count: int) -> torch.Tensor:
     return torch.arange(count, dtype=torch.long) + (seed * 1_000_003 + step) * 100_000
 
 
-def _generators(seeds: torch.Tensor, device: torch.device) -> list[torch.Generator]:
-    return [torch.Generator(device).manual_seed(int(s)) for s in seeds]
+def _generators(seeds: torch.Tensor) -> list[torch.Generator]:
+    """Host generators, one per sample: the same seed draws the same noise on any device."""
+    return [torch.Generator().manual_seed(int(s)) for s in seeds]
 
 
 def window_starts(seeds: torch.Tensor, config: RolloutConfig, step: int, seed: int) -> torch.Tensor:
@@ -78,9 +79,9 @@ def generate(
         sl = slice(lo, lo + config.micro_batch_size)
         cond, uncond = _conditions(policy, prompts[sl], config)
         out = sample(
-            policy.velocity, _generators(seeds[sl], device), shape, sigmas, cond, uncond,
+            policy.velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
             guidance=config.guidance, cfg_rescale=config.cfg_rescale, kind=config.kind, eta=config.eta,
-            starts=starts[sl], window=config.window_size,
+            starts=starts[sl], window=config.window_size, device=device,
         )  # fmt: skip
         images.append(policy.decode(out.final))
         on_chunk(images[-1], sl)
@@ -112,7 +113,7 @@ def generate_ode(
     for lo in range(0, len(prompts), config.micro_batch_size):
         sl = slice(lo, lo + config.micro_batch_size)
         cond, uncond = _conditions(policy, prompts[sl], config)
-        out = sample(policy.velocity, _generators(seeds[sl], device), shape, sigmas, cond, uncond,
-                     guidance=config.guidance, cfg_rescale=config.cfg_rescale)  # fmt: skip
+        out = sample(policy.velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
+                     guidance=config.guidance, cfg_rescale=config.cfg_rescale, device=device)  # fmt: skip
         images.append(policy.decode(out.final))
     return torch.cat(images)

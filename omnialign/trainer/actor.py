@@ -50,6 +50,15 @@ class UpdateResult(NamedTuple):
     model_output: dict[str, torch.Tensor]  # {} unless retained: name -> (epochs*B, steps, ...), plus "index"
 
 
+def local_config(config: ActorConfig, batch: int, multiple: int, world_size: int) -> ActorConfig:
+    """One device's actor settings for a training batch of `batch` rows across `world_size` devices: its
+    share of the mini-batch, and the largest micro-batch up to `config.micro_batch_size` (a multiple of
+    `multiple`) that divides that share. The gradient of a mini-batch does not depend on the micro-batch."""
+    mini = (config.mini_batch_size or batch) // world_size
+    micro = max(m for m in range(multiple, min(config.micro_batch_size, mini) + 1, multiple) if mini % m == 0)
+    return dataclasses.replace(config, mini_batch_size=mini, micro_batch_size=micro)
+
+
 def steps_of(batch: Any, objective: Objective) -> int:
     """Number of steps an objective runs over a batch; a field read at offsets up to o needs steps + o entries.
     An objective without per-step inputs (language models) runs once per micro-batch."""
@@ -113,6 +122,8 @@ def _run(
     for lo in range(0, len(order), micro_batch_size):
         index = order[lo : lo + micro_batch_size]
         micro = batch[index.to(batch.device)]
+        if stager is None:
+            micro = micro.to(device)  # a no-op where the batch already lives on the device
         resident = {name: getattr(micro, name) for name in objective.resident}
         if stager is None:
             for k in range(steps):
@@ -156,7 +167,8 @@ def update(
 
     Each (micro-batch, step) loss is scaled so that a mini-batch's gradient is the mean over its
     samples and steps. Metrics come back as 0-d tensor means (no host sync besides the finite
-    check of each optimizer step); `skipped_updates` is a count.
+    check of each optimizer step); `skipped_updates` and `updates` are counts. A non-finite gradient
+    raises `optim.NonFiniteUpdate` unless `config.skip_nonfinite`.
     """
     size = batch.batch_size[0]
     steps = validate_batch(batch, objective, config.timestep_staging)
@@ -168,10 +180,14 @@ def update(
     per_micro: dict[str, list[torch.Tensor]] = {}
     bar = tqdm(total=config.epochs * -(-size // micro) * steps, desc="update", leave=False, disable=not progress)
 
+    mini_loss = [torch.zeros(())]  # the loss of the mini-batch being accumulated, checked at its optimizer step
+
     def step_fn(inputs: Inputs, k: int) -> None:
         loss, metrics, outputs = objective.fn(inputs)
         n = len(loss)
-        (loss.mean() * (n / mini / steps)).backward()
+        scaled = loss.mean() * (n / mini / steps)
+        scaled.backward()
+        mini_loss[0] = scaled.detach() + mini_loss[0].to(scaled.device)
         means.add("loss", loss)
         for name, value in metrics.items():
             means.add(name, value)
@@ -186,18 +202,20 @@ def update(
         retained.setdefault("index", []).append(index)
         per_micro.clear()
 
-    skipped = torch.zeros(())
+    skipped, updates = torch.zeros(()), 0
     for _ in range(config.epochs):
         order = torch.randperm(size, generator=generator) if config.shuffle else torch.arange(size)
         for lo in range(0, size, mini):
             _run(objective, batch, micro, device, order[lo : lo + mini], config.timestep_staging,
                  config.prefetch, step_fn, keep if return_model_output else lambda index: None)  # fmt: skip
-            grad_norm, was_skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm)
+            grad_norm, was_skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm,
+                                                config.skip_nonfinite, mini_loss[0])  # fmt: skip
+            mini_loss[0] = torch.zeros(())
             means.add("grad_norm", grad_norm)
-            skipped = skipped + was_skipped
+            skipped, updates = skipped + was_skipped, updates + 1
     bar.close()
     metrics = means.result()
-    metrics["skipped_updates"] = skipped
+    metrics["skipped_updates"], metrics["updates"] = skipped, torch.tensor(float(updates))
     return UpdateResult(metrics, {name: torch.cat(values) for name, values in retained.items()})
 
 

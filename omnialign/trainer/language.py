@@ -16,7 +16,7 @@ import torch
 
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
-from omnialign.config import Config
+from omnialign.config import Config, training_batch
 from omnialign.data.language import cap_by_modality, load_records
 from omnialign.data.prompts import prompts_for_step
 from omnialign.engine import dist, fsdp, optim
@@ -59,8 +59,7 @@ class LanguageTrainer:
     ):
         self.config, self.policy, self.params, self.objective = config, policy, params, objective
         self.optimizer, self.scheduler, self.reference, self.teacher = optimizer, scheduler, reference, teacher
-        local_mini = config.actor.mini_batch_size and config.actor.mini_batch_size // world.size
-        self.actor_config = dataclasses.replace(config.actor, mini_batch_size=local_mini)
+        self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
         self.world, self.run_dir = world, Path(run_dir)
         self.records = load_records(config.data.prompts, "train")
         self.val_records = cap_by_modality(load_records(config.data.val_prompts, "val"), config.data.val_limit)
@@ -73,7 +72,7 @@ class LanguageTrainer:
         with context():
             out = actor.infer(logprob_objective(self.policy, self.config.generation.temperature), batch,
                               self.config.actor.micro_batch_size, self.world.device)  # fmt: skip
-        return out["log_prob"][:, 0].to(batch.device)
+        return out["log_prob"][:, 0].cpu()  # language batches live on the host
 
     def train_step(self, step: int) -> dict[str, torch.Tensor]:
         c, device, phase, rank = self.config, self.world.device, self.timer.phase, self.world.rank
@@ -113,6 +112,9 @@ class LanguageTrainer:
                                   seed=c.seed * 1_000_003 + step, device=device, progress=self.progress)  # fmt: skip
         metrics.update({f"actor/{k}": v for k, v in update.metrics.items()})
         metrics.update({f"reward/{k}": v.mean() for k, v in scored.parts.items() if len(scored.parts) > 1})
+        metrics.update(
+            {f"reward/{k}/failed_chunks": torch.tensor(float(k in scored.failed)) for k in c.reward.optional}
+        )
         metrics.update({
             "reward/mean": all_rewards.mean(), "reward/std": all_rewards.std(),
             "reward/zero_std_ratio": adv_metrics["zero_std_ratio"], "reward/group_std": adv_metrics["group_std"],
@@ -140,6 +142,9 @@ class LanguageTrainer:
             path.write_text("\n".join(lines) + "\n")
         modalities = sorted({r["modality"] for r in self.val_records})
         out = {"val/reward/mean": reward.mean()}
+        out.update(
+            {f"val/reward/{k}/failed_chunks": torch.tensor(float(k in scored.failed)) for k in c.reward.optional}
+        )
         if len(modalities) > 1:
             for m in modalities:
                 rows = torch.tensor([r["modality"] == m for r in self.val_records], device=reward.device)

@@ -13,15 +13,18 @@ import torch
 from tqdm import tqdm
 
 from omnialign.engine import checkpoint, dist
-from omnialign.metrics import plot_curves, read_metrics, to_host
+from omnialign.metrics import failed_rewards, plot_curves, read_metrics, to_host
 
 
-def run_loop(trainer, model: torch.nn.Module, resume: Path | None, key: str) -> dict:
-    """Train `model` to trainer.total_steps; `key` is the headline validation metric of the summary."""
+def run_loop(
+    trainer, model: torch.nn.Module, resume: Path | None, key: str, tensors: dict[str, torch.Tensor] | None = None
+) -> dict:
+    """Train `model` to trainer.total_steps; `key` is the headline validation metric of the summary; `tensors`
+    are checkpointed beside the trained parameters."""
     c, world = trainer.config.trainer, trainer.world
     start = 0
     if resume is not None:
-        start = checkpoint.load(resume, model, trainer.optimizer, trainer.scheduler, world)["step"]
+        start = checkpoint.load(resume, model, trainer.optimizer, trainer.scheduler, world, tensors)["step"]
         if trainer.log:
             trainer.log.truncate_after(start)
             print(f"resumed from {resume} at step {start}")
@@ -38,7 +41,7 @@ def run_loop(trainer, model: torch.nn.Module, resume: Path | None, key: str) -> 
         if step % c.save_every == 0 or step == c.total_steps:
             with trainer.timer.phase("save"):
                 checkpoint.save(trainer.run_dir, step, model, trainer.optimizer, trainer.scheduler, {"step": step},
-                                c.keep_last, world)  # fmt: skip
+                                c.keep_last, world, tensors)  # fmt: skip
     return summarise(trainer, key)
 
 
@@ -51,13 +54,20 @@ def record(trainer, step: int, metrics: dict[str, torch.Tensor], key: str) -> No
 
 
 def summarise(trainer, key: str) -> dict:
-    """{metric, steps, val_before, val_after (of `key`), and NAME_before / NAME_after of every val/ metric}."""
+    """{metric, steps, val_before, val_after (of `key`), NAME_before / NAME_after of every val/ metric, skipped and
+    applied updates, and the steps in which each optional reward failed}. A run whose every update was skipped
+    as non-finite learned nothing: it ends with an error, not a summary."""
     if not trainer.log:
         return {}
     trainer.log.close()
-    val = [r for r in read_metrics(trainer.log.path) if key in r]
+    records = read_metrics(trainer.log.path)
+    val = [r for r in records if key in r]
     first, last = val[0], val[-1]
-    summary = {"metric": key, "steps": last["step"], "val_before": first[key], "val_after": last[key]}
+    summary = {"metric": key, "steps": last["step"], "val_before": first[key], "val_after": last[key],
+               "skipped_updates": sum(r.get("actor/skipped_updates", 0) for r in records),
+               "updates": sum(r.get("actor/updates", 0) for r in records),
+               "failed_rewards": {name: sum(name in failed_rewards(r) for r in records)
+                                  for name in trainer.config.reward.optional}}  # fmt: skip
     changes = []
     for name in sorted(k for k in last if k.startswith("val/") and k in first):
         summary[f"{name}_before"], summary[f"{name}_after"] = first[name], last[name]
@@ -67,4 +77,12 @@ def summarise(trainer, key: str) -> dict:
     detail = f" ({', '.join(changes)})" if changes else ""
     print(f"{key}: {first[key]:.3f} before -> {last[key]:.3f} after {last['step']} steps{detail}; "
           f"outputs in {trainer.run_dir}")  # fmt: skip
+    for name, steps in summary["failed_rewards"].items():
+        if steps:
+            print(f"WARNING: optional reward {name} failed in {steps} of {len(records)} steps and scored 0 there")
+    if summary["skipped_updates"]:
+        print(f"WARNING: {summary['skipped_updates']:.0f} of {summary['updates']:.0f} updates were skipped as "
+              "non-finite (actor.skip_nonfinite)")  # fmt: skip
+        if summary["skipped_updates"] >= summary["updates"]:
+            raise RuntimeError(f"every update of {trainer.run_dir} was skipped as non-finite: nothing was learned")
     return summary

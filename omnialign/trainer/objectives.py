@@ -13,7 +13,7 @@ The math lives in `algorithms/`; this module only calls the policy and hands ten
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,6 +59,8 @@ class Algorithm:
     """Runs after the optimizer steps of a training step (e.g. refreshing the `old` adapter)."""
     replays_window: bool = True
     """Trains on SDE-window transitions (needs rollout.window_size > 0; old log-probs may be recomputed)."""
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Tensors besides the trained parameters that a checkpoint keeps, by name (NFT: the frozen `old` adapter)."""
 
 
 def policy_gradient(
@@ -152,7 +154,8 @@ def diffusion_nft(
         blend_adapter(policy.transformer, "old", nft.old_decay(step * updates, a.old_schedule))
 
     objective = Objective(fn, resident=("x0", "noise", "cond", "advantages"), per_step={"sigma": ("sigmas", 0)})
-    return Algorithm(objective, batch, after_update=refresh, replays_window=False)
+    old_adapter = {name: p for name, p in policy.transformer.named_parameters() if ".old." in name}
+    return Algorithm(objective, batch, after_update=refresh, replays_window=False, state=old_adapter)
 
 
 def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -> Objective:

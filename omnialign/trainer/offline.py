@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from omnialign.config import Config
+from omnialign.config import Config, training_batch
 from omnialign.data.language import cap_by_modality, load_records, pair_batches
 from omnialign.engine import dist
 from omnialign.engine.dist import World
@@ -47,8 +47,7 @@ class OfflineTrainer:
         self.config, self.model, self.params, self.objective = config, model, params, objective
         self.optimizer, self.scheduler, self.world, self.run_dir = optimizer, scheduler, world, Path(run_dir)
         self.batch_of_step, self.prepare, self.validate, self.key = batch_of_step, prepare, validate, key
-        local_mini = config.actor.mini_batch_size and config.actor.mini_batch_size // world.size
-        self.actor_config = dataclasses.replace(config.actor, mini_batch_size=local_mini)
+        self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
         self.timer = Timer(dist.synchronizer(world.device))
         self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
         self.progress = config.trainer.progress and world.is_main
@@ -110,7 +109,7 @@ def language_dpo(
     def with_reference(batch):
         with reference():
             out = actor.infer(logprob_objective(policy), batch, micro, world.device)
-        batch.ref_log_probs = out["log_prob"][:, 0].to(batch.device)
+        batch.ref_log_probs = out["log_prob"][:, 0].cpu()  # language batches live on the host
         return batch
 
     val_objective = dpo_objective(policy, c.algorithm, reference)

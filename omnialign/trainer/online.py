@@ -1,6 +1,5 @@
 """The online RL loop (FlowGRPO): each step is a flat list of named, timed phases."""
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -9,7 +8,7 @@ from tqdm import tqdm
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.batch import Trajectory
-from omnialign.config import Config
+from omnialign.config import Config, training_batch
 from omnialign.data.prompts import load_prompt_set, prompts_for_step
 from omnialign.engine import dist
 from omnialign.engine.dist import World
@@ -39,8 +38,7 @@ class OnlineTrainer:
     ):
         self.config, self.policy, self.params = config, policy, params
         # the optimizer steps on a global mini-batch: each rank contributes its share of it
-        local_mini = config.actor.mini_batch_size and config.actor.mini_batch_size // world.size
-        self.actor_config = dataclasses.replace(config.actor, mini_batch_size=local_mini)
+        self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
         self.optimizer, self.scheduler, self.algorithm = optimizer, scheduler, algorithm
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts, self.metadata = load_prompt_set(config.data.prompts)
@@ -112,16 +110,18 @@ class OnlineTrainer:
         """Wait for the rewards of every chunk (in order): total (B,), each reward (B,), and metrics."""
         results = [f.result() for f in tqdm(futures, desc="reward", leave=False, disable=not self.progress)]
         parts = {k: torch.cat([r.parts[k] for r in results]) for k in results[0].parts}
-        failed = {name: sum(name in r.failed for r in results) for name in parts}
-        metrics = {f"reward/{k}/failed_chunks": torch.tensor(float(v)) for k, v in failed.items() if v}
+        # every optional reward reports (0 when it did not fail): each rank reduces the same metrics
+        metrics = {f"reward/{name}/failed_chunks": torch.tensor(float(sum(name in r.failed for r in results)))
+                   for name in self.config.reward.optional}  # fmt: skip
         return torch.cat([r.total for r in results]), parts, metrics
 
-    def score(self, images: torch.Tensor, prompts: list[str], meta: list[dict]) -> torch.Tensor:
-        """Rewards of a batch in chunks of the rollout micro-batch (validation)."""
+    def score(self, images: torch.Tensor, prompts: list[str], meta: list[dict]) -> tuple[torch.Tensor, dict]:
+        """Rewards of a batch in chunks of the rollout micro-batch (validation), and the failure metrics."""
         chunk = self.config.rollout.micro_batch_size
         futures = [self.rewards.submit(images[lo : lo + chunk], prompts[lo : lo + chunk], meta[lo : lo + chunk])
                    for lo in range(0, len(prompts), chunk)]  # fmt: skip
-        return self.collect(futures)[0]
+        total, _, metrics = self.collect(futures)
+        return total, metrics
 
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, torch.Tensor]:
@@ -136,7 +136,7 @@ class OnlineTrainer:
         seeds = torch.arange(len(padded)) + VAL_SEED
         images = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device)
         meta = [self.val_metadata[min(i, len(prompts) - 1) // n] for i in range(len(padded))]
-        reward = self.score(images, padded[mine], meta[mine])
+        reward, failures = self.score(images, padded[mine], meta[mine])
         images = dist.all_gather(images)[: len(prompts)]
         reward = dist.all_gather(reward.to(world.device))[: len(prompts)]
         group = torch.arange(len(self.val_prompts)).repeat_interleave(n)
@@ -144,8 +144,9 @@ class OnlineTrainer:
             captions = [f"{p} {r:.2f}" for p, r in zip(prompts, reward.tolist())]
             save_grid(images, captions, n, self.run_dir / "samples" / f"step_{step:06d}.png")
         return {"val/reward/mean": reward.mean(), "val/reward/std": reward.std(),
-                "val/diversity": diversity(images, group.to(images.device))}  # fmt: skip
+                "val/diversity": diversity(images, group.to(images.device)),
+                **{f"val/{k}": v for k, v in failures.items()}}  # fmt: skip
 
     def fit(self, resume: Path | None = None) -> dict:
         """Train to trainer.total_steps (from a checkpoint if given); returns the validation summary."""
-        return run_loop(self, self.policy.transformer, resume, "val/reward/mean")
+        return run_loop(self, self.policy.transformer, resume, "val/reward/mean", self.algorithm.state)

@@ -1,0 +1,156 @@
+"""The GPU tier's full-size checks (`make test-gpu`, docs/testing.md): each released architecture built at its
+full size with random weights on the GPU, then one training step through the recipe's own code. Each asserts
+what goes wrong on a GPU: a non-finite loss, a rollout/replay log-prob gap on an exact path, trained parameters
+that do not move or frozen ones that do, memory over the card. Plus: the same seeds validate on the same
+images on the CPU and the GPU.
+"""
+
+import gc
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from omnialign import bench
+from omnialign.config import apply_overrides, training_batch, validate
+from omnialign.engine import dist, optim
+from omnialign.models import LOADERS
+from omnialign.recipes import RECIPES
+from omnialign.trainer import actor
+
+pytestmark = pytest.mark.gpu
+CARD_GB = 139  # an H200's usable memory
+
+
+@pytest.fixture(autouse=True)
+def fresh_memory():
+    """Each test starts with the card empty and its peak reset, and leaves nothing behind."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def snapshot(net: torch.nn.Module, count: int = 3) -> dict[str, dict[str, torch.Tensor]]:
+    """Copies of the first `count` trained and frozen parameters (their shards) by name. LoRA A matrices are left
+    out: their gradient is zero while B is, so the first step leaves them (but for weight decay) where they are."""
+    out = {"trained": {}, "frozen": {}}
+    for name, p in net.named_parameters():
+        kind = out["trained" if p.requires_grad else "frozen"]
+        if len(kind) < count and ".lora_A." not in name:
+            kind[name] = p.to_local().detach().clone()
+    return out
+
+
+def assert_stepped(net: torch.nn.Module, before: dict, metrics: dict[str, torch.Tensor]) -> None:
+    """Finite loss, no skipped update, trained parameters moved, frozen ones did not, memory under the card."""
+    assert math.isfinite(float(metrics["actor/loss"])), metrics
+    assert float(metrics["actor/skipped_updates"]) == 0
+    now = dict(net.named_parameters())
+    assert before["trained"]
+    for name, old in before["trained"].items():
+        assert not torch.equal(now[name].to_local().detach(), old), f"{name} did not change"
+    for name, old in before["frozen"].items():
+        assert torch.equal(now[name].to_local().detach(), old), f"frozen {name} changed"
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    print(f"peak {peak:.1f} GiB", {k: round(float(v), 6) for k, v in metrics.items() if k.startswith("actor/")})
+    assert peak < CARD_GB
+
+
+def test_validation_draws_the_same_images_on_cpu_and_gpu():
+    """Validation noise comes from host generators: the glyphs base gives the same images on either device."""
+    from omnialign.rewards.glyphs import glyph_ocr
+    from omnialign.rollout.diffusion import generate_ode
+
+    config = RECIPES["glyphs"]()
+    prompts = [str(d) for d in range(10) for _ in range(4)]
+    seeds = torch.arange(len(prompts)) + 2**40
+    images = {}
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        policy = LOADERS["glyphs"](config.model)
+        policy.transformer.to(device)
+        images[device.type] = generate_ode(policy.to(device), prompts, seeds, config.rollout, device).cpu()
+    assert (images["cpu"] - images["cuda"]).abs().mean() < 2e-3  # fresh noise would differ by about 0.3
+    rewards = {k: torch.tensor(glyph_ocr(v, prompts, [{}] * len(prompts))) for k, v in images.items()}
+    assert (rewards["cpu"] - rewards["cuda"]).abs().mean() < 0.01, rewards
+
+
+def test_qwen_image_flowgrpo_lora_at_full_size(tmp_path):
+    """Qwen-Image (20.4 B transformer, Qwen2.5-VL-7B encoder, VAE): rollout with true CFG, replay, update."""
+    extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute"]
+    with bench.recipe_trainer("qwen_image_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
+        before = snapshot(trainer.policy.transformer)
+        metrics = trainer.train_step(1)
+    assert_stepped(trainer.policy.transformer, before, metrics)
+    # the rollout's log-probs are exact: the replay under the same weights gives them back
+    assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+
+
+SD35 = {  # the released transformer configs
+    "medium": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=384,
+                   dual_attention_layers=tuple(range(13))),
+    "large": dict(num_layers=38, num_attention_heads=38, caption_projection_dim=2432, pos_embed_max_size=192),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("size", SD35)
+def test_sd35_offline_dpo_lora_at_full_size(size):
+    """SD3.5 medium (2.5 B) and large (8.1 B) transformers: one offline Diffusion-DPO step at 512x512."""
+    from diffusers import SD3Transformer2DModel
+
+    from omnialign.models.sd3 import SD3Policy
+    from omnialign.trainer.build import build_policy
+    from omnialign.trainer.objectives import dpo_objective, pair_batch
+
+    world = dist.init()
+    config = validate(apply_overrides(RECIPES["sd3_offline_dpo"](), ["data.prompts_per_step=4"]))
+    with torch.device(world.device):
+        net = SD3Transformer2DModel(sample_size=128, patch_size=2, in_channels=16, out_channels=16,
+                                    attention_head_dim=64, joint_attention_dim=4096, pooled_projection_dim=2048,
+                                    qk_norm="rms_norm", **SD35[size]).to(torch.bfloat16)  # fmt: skip
+    policy, contexts = build_policy(config, world, SD3Policy(net, None, None, None))
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer, scheduler = optim.build(params, config.actor)
+    g = torch.Generator().manual_seed(0)
+    pairs = 2 * config.data.prompts_per_step
+    embeds, pooled = torch.randn(pairs, 77 + 256, 4096, generator=g), torch.randn(pairs, 2048, generator=g)
+    cond = TensorDict({"embeds": embeds, "pooled": pooled}, batch_size=[pairs]).to(world.device)
+    latents = torch.randn(pairs, 16, 64, 64, generator=g).to(world.device)
+    batch = pair_batch(latents, cond, torch.arange(pairs, dtype=torch.float32).flip(0), g, config,
+                       policy.train_sigmas())  # fmt: skip
+    before = snapshot(net)
+    local = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
+    result = actor.update(dpo_objective(policy, config, contexts["reference"]), batch, params, optimizer, scheduler,
+                          local, seed=0, device=world.device)  # fmt: skip
+    metrics = {f"actor/{k}": v for k, v in result.metrics.items()}
+    assert_stepped(net, before, metrics)
+    # at the first step the policy is the reference: every implicit reward is 0 and the loss is log 2
+    assert float(metrics["actor/loss"]) == pytest.approx(math.log(2), abs=1e-3)
+
+
+def test_qwen3_omni_thinker_dpo_at_full_size(tmp_path):
+    """The Qwen3-Omni-30B-A3B thinker's text stack (30.5 B; towers shrunk, the batch is text): offline DPO, LoRA."""
+    trainer, policy, head = bench.language_trainer("qwen3_omni_dpo", 2, False, tmp_path, seq_len=1024)
+    before = snapshot(policy.transformer)
+    metrics = trainer.train_step(1)
+    assert head["params_b"] > 30
+    assert_stepped(policy.transformer, before, metrics)
+    assert float(metrics["actor/loss"]) == pytest.approx(math.log(2), abs=1e-3)  # policy = reference at step 1
+
+
+@pytest.mark.parametrize("recipe, size", [("qwen3_omni_gspo", "30b-a3b"), ("choice_gspo", "4b")])
+def test_gspo_at_full_size(recipe, size, tmp_path):
+    """GSPO with generation on the thinker (LoRA) and on Qwen3-4B (full fine-tuning, fp32 master weights)."""
+    random_rewards = f'reward.weights={{"{Path(__file__).parent / "reward_fns.py"}:random_scores": 1}}'
+    extra = ["rollout.n=4", "algorithm.old_log_probs=recompute", random_rewards]  # random weights answer nothing
+    trainer, policy, _ = bench.language_trainer(recipe, 2, False, tmp_path, extra, model_size=size, max_new_tokens=32)
+    before = snapshot(policy.transformer)
+    metrics = trainer.train_step(1)
+    assert_stepped(policy.transformer, before, metrics)
+    assert float(metrics["rollout/response_length"]) > 0
+    # generation records the log-probs training computes: equal up to bf16 kernel differences
+    assert float(metrics["actor/rollout_logprob_gap"]) < 0.05, float(metrics["actor/rollout_logprob_gap"])
