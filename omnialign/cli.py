@@ -71,7 +71,7 @@ def cmd_prepare_ocr(args: argparse.Namespace) -> None:
 
 def cmd_prepare_offline_dpo(args: argparse.Namespace) -> None:
     from omnialign.config import ConfigError, apply_overrides
-    from omnialign.data.offline_dpo import check_keys, prepare_offline_dpo
+    from omnialign.prepare.offline_dpo import check_keys, prepare_offline_dpo
     from omnialign.recipes import RECIPES
     from omnialign.rewards import RewardError
 

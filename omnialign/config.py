@@ -147,9 +147,12 @@ class AlgorithmConfig:
     dual_clip: float | None = None
     """Dual clip c (> 1, typically 3): for A < 0 the loss is capped at -A*c; None disables it."""
     adv_clip: float = 5.0
-    """Advantages are clipped to [-adv_clip, adv_clip] (also NFT's c)."""
+    """Advantages are clipped to [-adv_clip, adv_clip] (also NFT's c). verl does not clip language advantages:
+    set 1e9 for its behaviour."""
     kl_coef: float = 0.0
-    """Weight of the KL to the reference policy; 0 skips the reference forward."""
+    """Weight of the KL to the reference policy; 0 skips the reference forward. Diffusion: the exact Gaussian KL
+    mean((mu - mu_ref)^2) / (2 std^2), std including sqrt(-dt); flow_grpo divides by the squared noise scale
+    without dt, so its coefficient ports as kl_coef * |dt| (x0.1 at dt = -0.1)."""
     kl_estimator: str = "k3"
     """Per-token KL estimator of language algorithms: k1 or k3."""
     aggregation: str = "token-mean"
@@ -178,11 +181,12 @@ class AlgorithmConfig:
     label_smoothing: float = 0.0
     """DPO label smoothing (conservative DPO)."""
     average_log_prob: bool = False
-    """Language DPO: mean instead of sum of response-token log-probs."""
+    """Language DPO: mean instead of sum of response-token log-probs (true reproduces published IPO, which averages)."""
     timestep_mean: float = 0.0
-    """Diffusion-DPO: mean of the logit-normal density of the training sigma."""
+    """Diffusion-DPO: mean m of u = sigmoid(N(m, s^2)), which picks the training sigma at position floor(u*T) of the
+    model's T training sigmas (diffusers' `logit_mean`: m > 0 favours low noise)."""
     timestep_std: float = 1.0
-    """Diffusion-DPO: std of the logit-normal density of the training sigma."""
+    """Diffusion-DPO: std s of the logit-normal position u (diffusers' `logit_std`)."""
     distill_coef: float = 1.0
     """Weight of the on-policy distillation KL (added to the policy-gradient loss unless name=distill/opd)."""
     teacher_path: str | None = None
@@ -397,6 +401,10 @@ def validate(config: Config) -> Config:
          f"algorithm.name={config.algorithm.name} trains on SDE-window transitions: set rollout.window_size >= 1"),
         (r.kind != "cps" or r.window_size == 0 or window_end < r.steps,
          f"rollout.kind=cps has no noise on the last step (sigma'=0): set rollout.window_end <= {r.steps - 1}"),
+        (config.algorithm.name != "grpo_guard" or r.kind != "cps",
+         "algorithm.name=grpo_guard with rollout.kind=cps: CPS log-probs drop the Gaussian normaliser 1/(2 std^2), "
+         "so GRPO-Guard's bias term does not cancel; set rollout.kind=sde (or dance), or use algorithm.name=flowgrpo "
+         "with CPS"),
         (r.window_schedule in ("per_sample", "random", "progressive"),
          f"rollout.window_schedule={r.window_schedule!r}: choose per_sample, random or progressive"),
         (config.algorithm.name != "nft" or config.model.lora.rank > 0,

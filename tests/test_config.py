@@ -70,6 +70,14 @@ def test_validate_rejects_inconsistent_values(item, message):
         validate(apply_overrides(RECIPES["glyphs"](), [item]))
 
 
+def test_grpo_guard_refuses_cps_transitions():
+    """CPS log-probs are -mean((x' - mu)^2) without 1/(2 std^2): GRPO-Guard's correction b would not cancel."""
+    with pytest.raises(ConfigError, match=r"algorithm.name=grpo_guard with rollout.kind=cps.*rollout.kind=sde"):
+        validate(apply_overrides(RECIPES["glyphs_grpo_guard"](), ["rollout.kind=cps", "rollout.window_end=9"]))
+    validate(apply_overrides(RECIPES["glyphs_grpo_guard"](), ["rollout.kind=dance"]))  # full Gaussian log-density
+    validate(apply_overrides(RECIPES["glyphs_cps"](), []))
+
+
 def test_every_recipe_validates_and_round_trips():
     for name, fn in RECIPES.items():
         config = validate(fn())

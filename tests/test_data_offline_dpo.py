@@ -14,9 +14,10 @@ from PIL import Image
 from omnialign.cli import main
 from omnialign.config import Config, ModelConfig, RewardConfig, RolloutConfig
 from omnialign.data import offline_dpo
-from omnialign.data.offline_dpo import PairLoader, candidates, prepare_offline_dpo
+from omnialign.data.offline_dpo import PairLoader
 from omnialign.engine import dist
 from omnialign.models import LOADERS, tiny
+from omnialign.prepare.offline_dpo import candidates, prepare_offline_dpo
 from omnialign.rewards.base import from_png
 from omnialign.rewards.jpeg import jpeg_compressibility
 

@@ -120,7 +120,8 @@ def test_sd35_offline_dpo_lora_at_full_size(size):
     embeds, pooled = torch.randn(pairs, 77 + 256, 4096, generator=g), torch.randn(pairs, 2048, generator=g)
     cond = TensorDict({"embeds": embeds, "pooled": pooled}, batch_size=[pairs]).to(world.device)
     latents = torch.randn(pairs, 16, 64, 64, generator=g).to(world.device)
-    batch = pair_batch(latents, cond, torch.arange(pairs, dtype=torch.float32).flip(0), g, config)
+    batch = pair_batch(latents, cond, torch.arange(pairs, dtype=torch.float32).flip(0), g, config,
+                       policy.train_sigmas())  # fmt: skip
     before = snapshot(net)
     local = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
     result = actor.update(dpo_objective(policy, config, contexts["reference"]), batch, params, optimizer, scheduler,

@@ -12,6 +12,7 @@ from omnialign.export import export, load_trained_network, write_adapter
 from omnialign.models import glyphs, lora, tiny
 from omnialign.recipes import RECIPES
 from omnialign.train import main
+from omnialign.trainer.objectives import diffusion_nft
 
 
 def inputs(seed=0):
@@ -61,6 +62,22 @@ def test_old_adapter_copies_and_blends_and_stays_frozen():
     expected = 0.75 * before_old + 0.25 * layer.lora_B["default"].weight
     torch.testing.assert_close(layer.lora_B["old"].weight, expected)
     assert not any(p.requires_grad for p in old_params)
+
+
+def test_nft_refresh_decays_the_old_adapter_by_optimizer_steps():
+    """glyphs_nft takes two optimizer steps per training step (64 samples, mini-batches of 32): after training
+    step 40, 80 optimizer steps have run and delayed_linear gives d = 0.0075 * (80 - 75), as DiffusionNFT's
+    global_step would (counting training steps gave 0)."""
+    config = RECIPES["glyphs_nft"]()
+    policy = glyphs.load()
+    spec = lora.apply_lora(policy.transformer, rank=4, alpha=8, targets=policy.lora_targets)
+    lora.add_adapter(policy.transformer, "old", spec)
+    perturb(policy.transformer, "default")
+    layer = lora.lora_layers(policy.transformer)[0]
+    old, default = layer.lora_B["old"].weight.clone(), layer.lora_B["default"].weight.clone()
+    diffusion_nft(policy, config, None, None, None).after_update(40)
+    d = 0.0075 * 5
+    torch.testing.assert_close(layer.lora_B["old"].weight, d * old + (1 - d) * default)
 
 
 def test_lora_targets_that_match_nothing_fail_clearly():

@@ -96,6 +96,13 @@ def test_schedule_matches_the_scheduler(policy, path, size):
         assert abs(sigmas[-2] - 0.02) < 1e-6 and sigmas[-1] == 0  # the terminal stretch
 
 
+def test_train_sigmas_are_the_fresh_schedulers(policy, path):
+    """The dynamically shifting scheduler leaves its training sigmas unshifted: k/1000 for k = 1000 ... 1."""
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
+    torch.testing.assert_close(policy.train_sigmas(), scheduler.sigmas, rtol=0, atol=1e-6)
+    assert policy.train_sigmas()[-1].item() == pytest.approx(1e-3)
+
+
 def test_decode_gives_images_in_unit_range(policy):
     images = policy.decode(torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)) * 3)
     assert images.shape == (2, 3, HEIGHT, WIDTH) and images.dtype == torch.float32

@@ -3,7 +3,6 @@ diffusers' own `StableDiffusion3Pipeline`."""
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
@@ -73,15 +72,24 @@ def test_velocity_matches_the_pipelines_transformer_call(policy, pipeline):
     torch.testing.assert_close(v.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_schedule_matches_the_scheduler(policy, path):
+def test_schedule_matches_the_scheduler_without_explicit_sigmas(policy, path):
     scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
     for steps in (4, 10):
-        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps))
+        scheduler.set_timesteps(num_inference_steps=steps)  # what StableDiffusion3Pipeline does by default
         sigmas = policy.schedule(steps, HEIGHT, WIDTH)
         assert sigmas.dtype == torch.float32 and sigmas.shape == (steps + 1,)
         torch.testing.assert_close(sigmas, scheduler.sigmas, rtol=0, atol=1e-6)
-    override = sd3.load(ModelConfig(arch="sd3", path=str(path), shift=1.0))
-    torch.testing.assert_close(override.schedule(4, HEIGHT, WIDTH), torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0]))
+    # the last nonzero sigma of 10 steps: shift 3 applied to linspace(1, 3e-3/1.002, 10)[-1], not to 1/10
+    assert policy.schedule(10, HEIGHT, WIDTH)[-2].item() == pytest.approx(0.008929, abs=1e-6)
+    override = sd3.load(ModelConfig(arch="sd3", path=str(path), shift=1.0))  # linspace(1, 1/1000, 4), unshifted
+    torch.testing.assert_close(override.schedule(4, HEIGHT, WIDTH), torch.tensor([1.0, 0.667, 0.334, 0.001, 0.0]))
+
+
+def test_train_sigmas_are_the_fresh_schedulers(policy, path):
+    """The static shift applies at construction: the table Diffusion-DPO draws from is shifted(k/1000)."""
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
+    torch.testing.assert_close(policy.train_sigmas(), scheduler.sigmas, rtol=0, atol=1e-6)
+    assert policy.train_sigmas()[500].item() == pytest.approx(0.75)  # k = 500: 3 * .5 / (1 + 2 * .5)
 
 
 def test_decode_gives_images_in_unit_range(policy):
@@ -92,8 +100,9 @@ def test_decode_gives_images_in_unit_range(policy):
 
 @pytest.mark.parametrize("guidance", [1.0, 4.5])
 def test_ode_sampler_reproduces_the_pipeline(policy, pipeline, guidance):
-    """Our sampler (plain CFG) + decode equals StableDiffusion3Pipeline.__call__ for the same noise and sigmas."""
-    steps, negative = 4, ["blurry, low quality"] * 2
+    """Our sampler (plain CFG) + decode equals StableDiffusion3Pipeline.__call__ called as users call it:
+    prompts and num_inference_steps, the scheduler spacing its own sigmas."""
+    steps, negative = 10, ["blurry, low quality"] * 2
     generators = [torch.Generator().manual_seed(s) for s in (11, 12)]
     shape = policy.latent_shape(HEIGHT, WIDTH)
     cond = policy.encode_prompts(PROMPTS)
@@ -106,7 +115,7 @@ def test_ode_sampler_reproduces_the_pipeline(policy, pipeline, guidance):
     noise = per_sample_noise([torch.Generator().manual_seed(s) for s in (11, 12)], shape, torch.device("cpu"))
     theirs = pipeline(
         PROMPTS, negative_prompt=negative, guidance_scale=guidance, height=HEIGHT, width=WIDTH,
-        num_inference_steps=steps, sigmas=list(np.linspace(1.0, 1 / steps, steps)), latents=noise, output_type="pt",
+        num_inference_steps=steps, latents=noise, output_type="pt",
     ).images  # fmt: skip
     assert ours.shape == theirs.shape == (2, 3, HEIGHT, WIDTH)
     assert (ours - ours[:1]).abs().max() > 1e-3  # the two prompts give different images

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from omnialign.config import Config, ModelConfig, RewardConfig, RolloutConfig, apply_overrides, validate
-from omnialign.data.offline_dpo import prepare_offline_dpo
 from omnialign.metrics import read_metrics
 from omnialign.models import tiny
+from omnialign.prepare.offline_dpo import prepare_offline_dpo
 from omnialign.recipes import RECIPES
 from omnialign.train import main
 from omnialign.trainer import build

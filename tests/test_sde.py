@@ -20,6 +20,27 @@ def test_static_shift_schedule():
     torch.testing.assert_close(sde.sigma_schedule(2), torch.tensor([1.0, 0.5, 0.0]))
 
 
+def test_schedule_to_a_given_sigma_min():
+    # SD3 without explicit sigmas: linspace(1, shifted(1/1000), N), shifted again; shifted(1/1000) = .003/1.002
+    assert sde.scheduler_sigma_min(3.0) == pytest.approx(0.003 / 1.002)
+    assert sde.scheduler_sigma_min(1.0, num_train_timesteps=100) == pytest.approx(0.01)
+    # linspace(1, .5, 2) = 1, .5; 3s/(1+2s) -> 1, .75; then 0
+    torch.testing.assert_close(sde.sigma_schedule(2, shift=3.0, sigma_min=0.5), torch.tensor([1.0, 0.75, 0.0]))
+
+
+def test_train_sigmas_and_their_logit_normal_draw():
+    # shifted((4, 3, 2, 1) / 4) with shift 3: 3s / (1 + 2s) -> 1, .9, .75, .5
+    table = sde.train_sigmas(shift=3.0, num_train_timesteps=4)
+    torch.testing.assert_close(table, torch.tensor([1.0, 0.9, 0.75, 0.5]))
+    torch.testing.assert_close(sde.train_sigmas(num_train_timesteps=4), torch.tensor([1.0, 0.75, 0.5, 0.25]))
+    g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    # u = sigmoid(N(m, 1)) indexes the table at floor(4u): u near 1 is the lowest noise, near 0 the highest
+    torch.testing.assert_close(sde.logit_normal_sigmas(3, g(), table, mean=20.0), torch.full((3,), 0.5))
+    torch.testing.assert_close(sde.logit_normal_sigmas(3, g(), table, mean=-20.0), torch.ones(3))
+    u = torch.sigmoid(torch.randn(1000, generator=g()))
+    torch.testing.assert_close(sde.logit_normal_sigmas(1000, g(), table), table[(u * 4).long()])
+
+
 def test_dynamic_shift_schedule():
     # e^mu / (e^mu + 1/s - 1) with mu = ln 2: s=.5 -> 2/3
     sigmas = sde.sigma_schedule(2, mu=math.log(2.0))

@@ -47,7 +47,8 @@ def nft_loss(
 
 
 def old_decay(step: int, schedule: str) -> float:
-    """Decay d of the `old` adapter refresh old <- d*old + (1-d)*default after update `step`.
+    """Decay d of the `old` adapter refresh old <- d*old + (1-d)*default once `step` optimizer steps have run
+    (DiffusionNFT's global_step; a training step with several mini-batches or epochs takes several).
 
     copy: 0. delayed_linear: 0 for step < 75, then min(0.0075 * (step - 75), 0.999).
     """

@@ -64,18 +64,21 @@ def grpo_guard(
     clip_high: float,
     adv_clip: float | None = 5.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO-Guard: ratio normalisation and step reweighting of the FlowGRPO surrogate.
+    """GRPO-Guard: ratio normalisation and step reweighting of the FlowGRPO surrogate, per sample.
 
-    log_prob, old_log_prob, advantages, std, sqrt_neg_dt: (B,) for one denoising step;
-    mean, old_mean: (B, *dims) transition means. With s = mean(sqrt(-dt)) * mean(noise scale)
-    (noise scale = std / sqrt(-dt)) and b = mean over dims((mu - mu_old)^2) / (2 s^2):
-    rho = exp((logp - logp_old + b) * s); PPO clip on rho; the loss is divided by mean(sqrt(-dt))^2.
+    log_prob, old_log_prob, advantages, std, sqrt_neg_dt: (B,), one denoising step of each sample (the
+    samples may sit at different sigmas, as under per-sample SDE windows); mean, old_mean: (B, *dims)
+    transition means. With s = sqrt(-dt) * noise scale, the transition std, and
+    b = mean over dims((mu - mu_old)^2) / (2 s^2): rho = exp((logp - logp_old + b) * s), PPO clip on rho,
+    and each sample's loss is divided by its sqrt(-dt)^2. For x' drawn from the old policy,
+    E[logp - logp_old] = -b for every sample, so E[log rho] = 0 sample by sample (a batch-pooled s would
+    leave a bias wherever the sigmas differ). Needs the full Gaussian log-density (sde, dance; not cps).
     """
-    s = sqrt_neg_dt.mean() * (std / sqrt_neg_dt).mean()
+    s = std.float()
     shift = ((mean.float() - old_mean.float()) ** 2).mean(dim=tuple(range(1, mean.dim()))) / (2 * s**2)
     normalised = (log_prob - old_log_prob + shift) * s
     loss, metrics = ppo_clip(normalised, torch.zeros_like(normalised), advantages, clip_low, clip_high, adv_clip)
-    return loss / sqrt_neg_dt.mean() ** 2, metrics
+    return loss / sqrt_neg_dt**2, metrics
 
 
 def dppo(

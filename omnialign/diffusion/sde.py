@@ -14,18 +14,36 @@ import torch
 KINDS = ("ode", "sde", "cps", "dance")
 
 
-def sigma_schedule(num_steps: int, shift: float = 1.0, mu: float | None = None) -> torch.Tensor:
-    """Sigmas for num_steps steps: linspace(1, 1/N, N), shifted, then a final 0; (N+1,) float32.
+def shifted(sigma: torch.Tensor | float, shift: float) -> torch.Tensor | float:
+    """The static shift s*sigma / (1 + (s-1)*sigma) of diffusers' FlowMatchEulerDiscreteScheduler."""
+    return shift * sigma / (1.0 + (shift - 1.0) * sigma)
 
+
+def sigma_schedule(
+    num_steps: int, shift: float = 1.0, mu: float | None = None, sigma_min: float | None = None
+) -> torch.Tensor:
+    """Sigmas for num_steps steps: linspace(1, sigma_min, N), shifted, then a final 0; (N+1,) float32.
+
+    `sigma_min` None gives 1/N: the sigmas the Qwen-Image (and FLUX) pipelines pass to the scheduler.
+    SD3's pipeline passes none and the scheduler spaces its own from 1 to `scheduler_sigma_min(shift)`.
     A static `shift` s maps sigma to s*sigma / (1 + (s-1)*sigma) (SD3: 3). A dynamic shift `mu`
     (Qwen-Image, see `dynamic_shift_mu`) maps sigma to e^mu / (e^mu + 1/sigma - 1) instead.
     """
-    sigmas = torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64)
+    end = 1.0 / num_steps if sigma_min is None else sigma_min
+    sigmas = torch.linspace(1.0, end, num_steps, dtype=torch.float64)
     if mu is not None:
         sigmas = math.exp(mu) / (math.exp(mu) + (1.0 / sigmas - 1.0))
     else:
-        sigmas = shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
+        sigmas = shifted(sigmas, shift)
     return torch.cat([sigmas, sigmas.new_zeros(1)]).float()
+
+
+def scheduler_sigma_min(shift: float, num_train_timesteps: int = 1000) -> float:
+    """The last of the statically shifted training sigmas of diffusers' FlowMatchEulerDiscreteScheduler,
+    shifted(1/T): the end of the linspace its `set_timesteps(N)` spaces (and shifts once more) when a
+    pipeline passes no sigmas, as SD3's does. For SD3 (shift 3, T = 1000) it is 0.002994, so the last
+    nonzero sigma of 10 steps is 0.0089 (linspace(1, 1/N, N) would give 0.25)."""
+    return shifted(1.0 / num_train_timesteps, shift)
 
 
 def dynamic_shift_mu(
@@ -125,5 +143,23 @@ def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 
 def logit_normal(n: int, generator: torch.Generator, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
-    """n sigmas from the logit-normal density sigmoid(N(mean, std^2)), float32."""
+    """n draws u = sigmoid(N(mean, std^2)), float32."""
     return torch.sigmoid(torch.randn(n, generator=generator) * std + mean)
+
+
+def train_sigmas(shift: float = 1.0, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """The training sigmas of diffusers' FlowMatchEulerDiscreteScheduler as constructed, before any
+    `set_timesteps`: shifted((T, T-1, ..., 1) / T), (T,) float32 falling from 1. A scheduler that shifts
+    dynamically (Qwen-Image) does not shift them at construction: shift 1."""
+    steps = torch.arange(num_train_timesteps, 0, -1, dtype=torch.float64) / num_train_timesteps
+    return shifted(steps, shift).float()
+
+
+def logit_normal_sigmas(
+    n: int, generator: torch.Generator, table: torch.Tensor, mean: float = 0.0, std: float = 1.0
+) -> torch.Tensor:
+    """n training sigmas drawn as diffusers' training scripts draw timesteps (SD3 DreamBooth, flow_grpo's
+    Diffusion-DPO): u = sigmoid(N(mean, std^2)) indexes the `train_sigmas` table at floor(u * T), so u
+    near 1 picks low noise and a static shift moves the mass toward high noise."""
+    index = (logit_normal(n, generator, mean, std) * len(table)).long().clamp_max(len(table) - 1)
+    return table[index]

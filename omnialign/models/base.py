@@ -43,6 +43,11 @@ class DiffusionPolicy(Protocol):
         """The model's sigma schedule of num_steps + 1 entries (from 1 down to 0), float32."""
         ...
 
+    def train_sigmas(self) -> torch.Tensor:
+        """The sigmas the model's scheduler was trained on, (T,) float32 falling from 1 (`sde.train_sigmas`):
+        Diffusion-DPO draws its training sigma from them, as the reference scripts do."""
+        ...
+
     def blocks(self) -> list[nn.Module]:
         """The repeated blocks of `transformer`, the units for sharding and checkpointing."""
         ...

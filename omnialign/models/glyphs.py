@@ -15,7 +15,7 @@ from torch import nn
 
 from omnialign.config import ModelConfig
 from omnialign.data.glyphs import CHARSET, SIZE
-from omnialign.diffusion.sde import sigma_schedule
+from omnialign.diffusion.sde import sigma_schedule, train_sigmas
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "glyphs"
 
@@ -104,6 +104,9 @@ class GlyphsPolicy:
 
     def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
         return sigma_schedule(num_steps, shift=self.shift)
+
+    def train_sigmas(self) -> torch.Tensor:
+        return train_sigmas(shift=self.shift)
 
     def blocks(self) -> list[nn.Module]:
         return list(self.transformer.transformer_blocks)

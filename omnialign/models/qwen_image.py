@@ -24,7 +24,7 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule
+from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, train_sigmas
 
 PROMPT_TEMPLATE = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
@@ -150,6 +150,10 @@ class QwenImagePolicy:
             s = sigmas[:-1]
             sigmas[:-1] = 1 - (1 - s) * (1 - config.shift_terminal) / (1 - s[-1])
         return sigmas
+
+    def train_sigmas(self) -> torch.Tensor:
+        config = self.scheduler.config
+        return train_sigmas(1.0 if config.use_dynamic_shifting else config.shift, config.num_train_timesteps)
 
     def blocks(self) -> list[nn.Module]:
         return list(self.transformer.transformer_blocks)

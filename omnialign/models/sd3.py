@@ -5,8 +5,9 @@ compares): prompts go through CLIP-L and CLIP-G (penultimate hidden states, 77 t
 T5's width) and T5 (`max_sequence_length` tokens), concatenated along the sequence; the pooled
 vector is both CLIPs' projections side by side. Every text length is fixed, so conditions of any
 two batches concatenate (CFG). Latents are the VAE's (B, C, H/8, W/8) scaled by its
-scaling/shift factors; the transformer receives sigma*1000; the schedule is the static shift of
-the scheduler config (3.0) applied to linspace(1, 1/N, N), as the pipeline does when given sigmas.
+scaling/shift factors; the transformer receives sigma*1000; the schedule is the scheduler's own
+when the pipeline is called with `num_inference_steps` alone: linspace(1, shifted(1/1000), N), then
+the static shift of the scheduler config (3.0).
 """
 
 from pathlib import Path
@@ -18,7 +19,7 @@ from torch import nn
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, PreTrainedTokenizerBase, T5EncoderModel
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import sigma_schedule
+from omnialign.diffusion.sde import scheduler_sigma_min, sigma_schedule, train_sigmas
 
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default T5 length
 PARTS = (
@@ -52,12 +53,14 @@ class SD3Policy:
         tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None,
         shift: float = 3.0,
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
+        num_train_timesteps: int = 1000,
     ):
         self.transformer = transformer
         self.vae = vae
         self.text_encoders = text_encoders  # CLIP-L, CLIP-G, T5
         self.tokenizers = tokenizers
         self.shift = shift
+        self.num_train_timesteps = num_train_timesteps
         self.max_sequence_length = max_sequence_length
         self.vae_scale_factor = 8 if vae is None else 2 ** (len(vae.config.block_out_channels) - 1)
 
@@ -113,7 +116,11 @@ class SD3Policy:
         return (self.transformer.config.in_channels, height // f, width // f)
 
     def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        return sigma_schedule(num_steps, shift=self.shift)
+        end = scheduler_sigma_min(self.shift, self.num_train_timesteps)
+        return sigma_schedule(num_steps, shift=self.shift, sigma_min=end)
+
+    def train_sigmas(self) -> torch.Tensor:
+        return train_sigmas(self.shift, self.num_train_timesteps)
 
     def blocks(self) -> list[nn.Module]:
         return list(self.transformer.transformer_blocks)
@@ -138,7 +145,8 @@ def load(config: ModelConfig) -> SD3Policy:
     scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler")
     transformer = SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)
     if config.transformer_only:  # offline training on stored latents and embeddings
-        return SD3Policy(transformer, None, None, None, shift=config.shift or scheduler.config.shift)
+        return SD3Policy(transformer, None, None, None, shift=config.shift or scheduler.config.shift,
+                         num_train_timesteps=scheduler.config.num_train_timesteps)  # fmt: skip
     encoders = (
         CLIPTextModelWithProjection.from_pretrained(root / "text_encoder", dtype=dtype),
         CLIPTextModelWithProjection.from_pretrained(root / "text_encoder_2", dtype=dtype),
@@ -151,4 +159,5 @@ def load(config: ModelConfig) -> SD3Policy:
         tokenizers=tuple(AutoTokenizer.from_pretrained(root / name) for name in PARTS[-3:]),
         shift=config.shift or scheduler.config.shift,
         max_sequence_length=config.text_tokens or MAX_SEQUENCE_LENGTH,
+        num_train_timesteps=scheduler.config.num_train_timesteps,
     )

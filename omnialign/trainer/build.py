@@ -6,8 +6,6 @@ network on the device), then move the frozen components.
 
 import copy
 import dataclasses
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
@@ -16,9 +14,7 @@ from omnialign.config import Config
 from omnialign.engine import dist, fsdp
 from omnialign.models import LOADERS, lora
 from omnialign.models.base import DiffusionPolicy
-from omnialign.models.reference import swapped_network
-
-Context = Callable[[], AbstractContextManager]
+from omnialign.models.reference import Context, swapped_network
 
 
 def frozen_copy(net: nn.Module, blocks: list[nn.Module], config: Config, world: dist.World) -> nn.Module:

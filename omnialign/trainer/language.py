@@ -9,8 +9,7 @@ as `choice`, `val/reward/mean` is the accuracy. `fit` builds the objective (and 
 import copy
 import dataclasses
 import json
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -25,14 +24,13 @@ from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer
 from omnialign.models import LOADERS, lora
 from omnialign.models.base import LanguagePolicy
-from omnialign.models.reference import swapped_network
+from omnialign.models.reference import Context, swapped_network
 from omnialign.rollout.language import generate
-from omnialign.trainer import actor
-from omnialign.trainer.language_objectives import logprob_objective, policy_objective
+from omnialign.trainer import actor, offline
+from omnialign.trainer.language_objectives import dpo_objective, logprob_objective, policy_objective
 from omnialign.trainer.loop import run_loop
 
 VAL_SEED = 2**40
-Context = Callable[[], AbstractContextManager]
 
 
 def prompt_text(messages: list[dict]) -> str:
@@ -202,9 +200,6 @@ def _layers_name(net: torch.nn.Module, blocks: list[torch.nn.Module]) -> str:
 def main(config: Config, world: World, run_dir: Path, resume: Path | None) -> dict[str, float]:
     """Build the policy, optimizer, objective and loop of a language algorithm (grpo, dapo, gspo, opd, dpo)
     and train; returns the validation summary."""
-    from omnialign.trainer import offline
-    from omnialign.trainer.language_objectives import dpo_objective
-
     policy, reference, teacher = build(config, world)
     params = [p for p in policy.transformer.parameters() if p.requires_grad]
     optimizer, scheduler = optim.build(params, config.actor)

@@ -13,7 +13,6 @@ mini-batch that is the mini-batch aggregate. The math lives in `algorithms/`.
 """
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import torch
 
@@ -22,6 +21,7 @@ from omnialign.algorithms.policy_gradient import aggregate, dual_clip, gspo, kl_
 from omnialign.algorithms.preference import dpo_loss, split_pairs
 from omnialign.config import AlgorithmConfig
 from omnialign.models.base import LanguagePolicy
+from omnialign.models.reference import Context
 from omnialign.trainer.actor import Inputs, Objective
 
 SEQUENCE = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "media")
@@ -106,9 +106,7 @@ def pair_scores(logp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.
     return total / mask.sum(-1).clamp_min(1) if average else total
 
 
-def dpo_objective(
-    policy: LanguagePolicy, algorithm: AlgorithmConfig, reference: Callable[[], AbstractContextManager] | None = None
-) -> Objective:
+def dpo_objective(policy: LanguagePolicy, algorithm: AlgorithmConfig, reference: Context | None = None) -> Objective:
     """DPO on adjacent chosen/rejected rows; the reference log-probs come from the batch (`ref_log_probs`),
     or, when `reference` is given (validation), from a forward under it."""
     a = algorithm

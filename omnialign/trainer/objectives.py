@@ -13,7 +13,6 @@ The math lives in `algorithms/`; this module only calls the policy and hands ten
 """
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +26,9 @@ from omnialign.config import Config, RolloutConfig
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
 from omnialign.models.base import DiffusionPolicy
+from omnialign.models.reference import Context
 from omnialign.trainer.actor import Inputs, Objective
 
-Context = Callable[[], AbstractContextManager]
 FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
 
 
@@ -144,10 +143,15 @@ def diffusion_nft(
         return CleanBatch(x0=traj.final, noise=noise, sigmas=sigmas.to(traj.final.device), cond=traj.cond,
                           advantages=traj.advantages, batch_size=[len(traj)])  # fmt: skip
 
+    batch_size = config.data.prompts_per_step * config.rollout.n
+    updates = config.actor.epochs * (batch_size // (config.actor.mini_batch_size or batch_size))
+
     def refresh(step: int) -> None:
+        """After training step `step`, `step * updates` optimizer steps have run: the decay counts those, as
+        DiffusionNFT's global_step does."""
         from omnialign.models.lora import blend_adapter
 
-        blend_adapter(policy.transformer, "old", nft.old_decay(step, a.old_schedule))
+        blend_adapter(policy.transformer, "old", nft.old_decay(step * updates, a.old_schedule))
 
     objective = Objective(fn, resident=("x0", "noise", "cond", "advantages"), per_step={"sigma": ("sigmas", 0)})
     old_adapter = {name: p for name, p in policy.transformer.named_parameters() if ".old." in name}
@@ -178,12 +182,18 @@ def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -
 
 
 def pair_batch(
-    x0: torch.Tensor, cond: Any, scores: torch.Tensor, generator: torch.Generator, config: Config
+    x0: torch.Tensor,
+    cond: Any,
+    scores: torch.Tensor,
+    generator: torch.Generator,
+    config: Config,
+    train_sigmas: torch.Tensor,
 ) -> PairBatch:
-    """Adjacent winner/loser rows (2P, ...) to a `PairBatch` with one noise and one logit-normal sigma per pair."""
-    pairs = len(x0) // 2
+    """Adjacent winner/loser rows (2P, ...) to a `PairBatch` with one noise and one sigma per pair, the sigma
+    drawn from the model's training sigmas `train_sigmas` (T,) at a logit-normal position."""
+    a, pairs = config.algorithm, len(x0) // 2
     noise = torch.randn((pairs, *x0.shape[1:]), generator=generator).to(x0.device)
-    sigma = sde.logit_normal(pairs, generator, config.algorithm.timestep_mean, config.algorithm.timestep_std)
+    sigma = sde.logit_normal_sigmas(pairs, generator, train_sigmas, a.timestep_mean, a.timestep_std)
     return PairBatch(x0=x0.unflatten(0, (pairs, 2)), noise=noise, sigma=sigma.to(x0.device),
                      cond=cond.reshape(pairs, 2), scores=scores.view(pairs, 2), batch_size=[pairs])  # fmt: skip
 
@@ -201,7 +211,8 @@ def online_dpo(
 
     def batch(traj: Trajectory, step: int) -> PairBatch:
         rows = preference.best_and_worst(traj.rewards.cpu(), traj.group.cpu()).to(traj.final.device)
-        return pair_batch(traj.final[rows], traj.cond[rows], traj.rewards[rows], _generator(config, step, 3), config)
+        return pair_batch(traj.final[rows], traj.cond[rows], traj.rewards[rows], _generator(config, step, 3), config,
+                          policy.train_sigmas())  # fmt: skip
 
     return Algorithm(dpo_objective(policy, config, reference), batch, replays_window=False)
 

@@ -19,9 +19,9 @@ from omnialign.engine import dist
 from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer
 from omnialign.models.base import LanguagePolicy
+from omnialign.models.reference import Context
 from omnialign.rollout.language import pack
 from omnialign.trainer import actor
-from omnialign.trainer.language import Context
 from omnialign.trainer.language_objectives import dpo_objective, logprob_objective
 from omnialign.trainer.loop import run_loop
 
@@ -156,14 +156,15 @@ def diffusion_dpo(config: Config, world: World, run_dir: Path) -> OfflineTrainer
         index = prompts_for_step(every_pair, c.data.prompts_per_step, c.seed, step)
         pairs = loader.read(index[world.rank * per_rank : (world.rank + 1) * per_rank]).to(world.device)
         g = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
-        return pair_batch(pairs.latents, pairs.cond, pairs.scores, g, c)
+        return pair_batch(pairs.latents, pairs.cond, pairs.scores, g, c, policy.train_sigmas())
 
     @torch.no_grad()
     def validate(step: int) -> dict[str, torch.Tensor]:
         if val_loader is None:
             return {}
         pairs = val_loader.read(list(range(len(val_loader)))).to(world.device)
-        batch = pair_batch(pairs.latents, pairs.cond, pairs.scores, torch.Generator().manual_seed(2**40), c)
+        batch = pair_batch(pairs.latents, pairs.cond, pairs.scores, torch.Generator().manual_seed(2**40), c,
+                           policy.train_sigmas())  # fmt: skip
         out = actor.infer(objective, batch, c.actor.micro_batch_size, world.device)
         metrics = dpo_accuracy(out["errors"][:, 0], out["ref_errors"][:, 0], c.algorithm.dpo_beta)
         return {f"val/{k}": v for k, v in metrics.items()}
