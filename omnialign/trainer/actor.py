@@ -167,8 +167,8 @@ def update(
 
     Each (micro-batch, step) loss is scaled so that a mini-batch's gradient is the mean over its
     samples and steps. Metrics come back as 0-d tensor means (no host sync besides the finite
-    check of each optimizer step); `skipped_updates` and `updates` are counts. A non-finite gradient
-    raises `optim.NonFiniteUpdate` unless `config.skip_nonfinite`.
+    check of each optimizer step); `skipped_updates` and `updates` are counts. A non-finite loss or
+    gradient raises `optim.NonFiniteUpdate` unless `config.skip_nonfinite`.
     """
     size = batch.batch_size[0]
     steps = validate_batch(batch, objective, config.timestep_staging)
@@ -180,14 +180,15 @@ def update(
     per_micro: dict[str, list[torch.Tensor]] = {}
     bar = tqdm(total=config.epochs * -(-size // micro) * steps, desc="update", leave=False, disable=not progress)
 
-    mini_loss = [torch.zeros(())]  # the loss of the mini-batch being accumulated, checked at its optimizer step
+    mini_loss = torch.zeros(())  # the loss of the mini-batch being accumulated, checked at its optimizer step
 
     def step_fn(inputs: Inputs, k: int) -> None:
+        nonlocal mini_loss
         loss, metrics, outputs = objective.fn(inputs)
         n = len(loss)
         scaled = loss.mean() * (n / mini / steps)
         scaled.backward()
-        mini_loss[0] = scaled.detach() + mini_loss[0].to(scaled.device)
+        mini_loss = mini_loss.to(scaled.device) + scaled.detach()
         means.add("loss", loss)
         for name, value in metrics.items():
             means.add(name, value)
@@ -209,8 +210,8 @@ def update(
             _run(objective, batch, micro, device, order[lo : lo + mini], config.timestep_staging,
                  config.prefetch, step_fn, keep if return_model_output else lambda index: None)  # fmt: skip
             grad_norm, was_skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm,
-                                                config.skip_nonfinite, mini_loss[0])  # fmt: skip
-            mini_loss[0] = torch.zeros(())
+                                                config.skip_nonfinite, mini_loss)  # fmt: skip
+            mini_loss = torch.zeros(())
             means.add("grad_norm", grad_norm)
             skipped, updates = skipped + was_skipped, updates + 1
     bar.close()
