@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -445,6 +446,8 @@ def validate(config: Config) -> Config:
     ]  # fmt: skip
     if config.algorithm.name in LANGUAGE_ALGORITHMS:
         checks += _language_checks(config)
+    numbers = {k: v for k, v in flat_values(to_dict(config)).items() if isinstance(v, float)}
+    checks += [(math.isfinite(v), f"{k}={v}: must be a finite number") for k, v in numbers.items()]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)

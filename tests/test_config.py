@@ -62,6 +62,8 @@ def test_missing_equals_sign():
         ("rollout.micro_batch_size=0", "rollout.micro_batch_size=0 must be at least 1"),
         ("data.val_seeds=0", "data.val_seeds=0 must be at least 1"),
         ("trainer.keep_last=-1", "trainer.keep_last=-1 must be >= 0"),
+        ("actor.max_grad_norm=nan", "actor.max_grad_norm=nan: must be a finite number"),
+        ("algorithm.clip_range=inf", "algorithm.clip_range=inf: must be a finite number"),
         ("rollout.kind=cps", "rollout.window_end <= 9"),
     ],
 )

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from omnialign.algorithms.policy_gradient import ppo_clip
 from omnialign.config import ConfigError, apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.engine.dist import World
@@ -14,6 +15,7 @@ from omnialign.export import load_trained_network
 from omnialign.metrics import read_metrics
 from omnialign.recipes import RECIPES
 from omnialign.train import main
+from omnialign.trainer import objectives
 
 SMALL = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.val_steps=4", "data.val_seeds=1",
          "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
@@ -93,12 +95,16 @@ def test_keep_last_zero_keeps_every_checkpoint(tmp_path):
         checkpoint.save(tmp_path, 5, model, opt, sched, {"step": 5}, keep_last=-1, world=world)
 
 
-def test_a_non_finite_loss_stops_the_run_unless_skipping_is_asked(tmp_path):
-    nan = "algorithm.clip_range=nan"  # every ratio clip gives NaN
-    with pytest.raises(NonFiniteUpdate, match="last checkpoint is intact.*actor.skip_nonfinite=true"):
-        main(small("glyphs_flowgrpo", tmp_path / "stop", "trainer.total_steps=2", nan))
+def test_a_non_finite_loss_stops_the_run_unless_skipping_is_asked(tmp_path, monkeypatch):
+    def diverged(*args, **kwargs):  # a model that diverged: its loss is NaN, its gradient finite (zero)
+        loss, metrics = ppo_clip(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(objectives, "ppo_clip", diverged)
+    with pytest.raises(NonFiniteUpdate, match="loss is nan.*last checkpoint is intact.*actor.skip_nonfinite=true"):
+        main(small("glyphs_flowgrpo", tmp_path / "stop", "trainer.total_steps=2"))
     with pytest.raises(RuntimeError, match="every update .* was skipped as non-finite: nothing was learned"):
-        main(small("glyphs_flowgrpo", tmp_path / "skip", "trainer.total_steps=2", nan, "actor.skip_nonfinite=true"))
+        main(small("glyphs_flowgrpo", tmp_path / "skip", "trainer.total_steps=2", "actor.skip_nonfinite=true"))
     records = read_metrics(tmp_path / "skip" / "glyphs_flowgrpo" / "metrics.jsonl")
     assert records[1]["actor/skipped_updates"] == records[1]["actor/updates"] == 1
 
