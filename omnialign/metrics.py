@@ -73,8 +73,9 @@ def failed_rewards(m: dict[str, float]) -> list[str]:
 def summary_line(step: int, total: int, m: dict[str, float]) -> str:
     shown = [(k, fmt) for k, fmt in SUMMARY if k in m and (k != "actor/skipped_updates" or m[k])]
     parts = [f"step {step}/{total}"] + [fmt.format(m[k]) for k, fmt in shown]
-    if failed_rewards(m):
-        parts.append(f"OPTIONAL REWARDS FAILED, scored 0: {', '.join(failed_rewards(m))}")
+    failed = failed_rewards(m)
+    if failed:
+        parts.append(f"OPTIONAL REWARDS FAILED, scored 0: {', '.join(failed)}")
     times = [f"{k.removeprefix('timing/')} {v:.1f}s" for k, v in m.items() if k.startswith("timing/")]
     return " ".join(parts) + (" | " + " ".join(times) if times else "")
 
