@@ -49,7 +49,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-    from omnialign.trainer.pretrain_glyphs import PretrainConfig, prepare_glyphs
+    from omnialign.worlds.glyphs.pretrain import PretrainConfig, prepare_glyphs
 
     config = PretrainConfig()
     for key in ("out", "seed", "recognizer_steps", "clean_steps", "noisy_steps", "label_noise"):
@@ -90,7 +90,7 @@ def cmd_prepare_offline_dpo(args: argparse.Namespace) -> None:
 
 
 def cmd_prepare_choice(args: argparse.Namespace) -> None:
-    from omnialign.trainer.pretrain_choice import ChoicePretrainConfig, prepare_choice
+    from omnialign.worlds.choice.pretrain import ChoicePretrainConfig, prepare_choice
 
     config = ChoicePretrainConfig()
     for key in ("out", "seed", "steps", "clean_steps", "bias", "noise"):

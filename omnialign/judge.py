@@ -42,7 +42,6 @@ from PIL import Image
 from tqdm import tqdm
 
 from omnialign.config import Config, apply_overrides
-from omnialign.data.glyphs import PROMPT_SETS
 from omnialign.data.language import MEDIA_KINDS, cap_by_modality, read_records
 from omnialign.data.prompts import load_prompt_set
 from omnialign.engine import checkpoint, dist
@@ -53,6 +52,7 @@ from omnialign.rewards.base import to_pil
 from omnialign.rewards.client import RewardServerError, post_json
 from omnialign.rollout.diffusion import generate_ode
 from omnialign.rollout.language import generate
+from omnialign.worlds.glyphs import PROMPT_SETS
 
 STAGES = ("reference", "trained", "judge")
 MODALITIES = ("text", "image", "audio", "video", "mixed")

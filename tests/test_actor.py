@@ -10,10 +10,10 @@ import torch
 
 from omnialign.config import ConfigError, apply_overrides, validate
 from omnialign.engine import stage
-from omnialign.models import glyphs
 from omnialign.recipes import RECIPES
 from omnialign.rollout.diffusion import generate
 from omnialign.trainer import actor, objectives
+from omnialign.worlds.glyphs import model as glyphs
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from omnialign.config import ModelConfig
-from omnialign.data.glyphs import PROMPT_SETS, SIZE, render
-from omnialign.models import glyphs
-from omnialign.rewards.glyphs import glyph_ocr, load_recognizer
-from omnialign.trainer.pretrain_glyphs import textures
+from omnialign.worlds.glyphs import model as glyphs
+from omnialign.worlds.glyphs.data import PROMPT_SETS, SIZE, render
+from omnialign.worlds.glyphs.pretrain import textures
+from omnialign.worlds.glyphs.recognizer import glyph_ocr, load_recognizer
 
 
 def test_render_is_seeded_and_scaled():

@@ -63,8 +63,8 @@ def assert_stepped(net: torch.nn.Module, before: dict, metrics: dict[str, torch.
 
 def test_validation_draws_the_same_images_on_cpu_and_gpu():
     """Validation noise comes from host generators: the glyphs base gives the same images on either device."""
-    from omnialign.rewards.glyphs import glyph_ocr
     from omnialign.rollout.diffusion import generate_ode
+    from omnialign.worlds.glyphs.recognizer import glyph_ocr
 
     config = RECIPES["glyphs"]()
     prompts = [str(d) for d in range(10) for _ in range(4)]

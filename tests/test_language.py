@@ -219,7 +219,7 @@ def test_language_run_resumes_identically(name, models, omni_data, tmp_path):
 
 
 def test_prepare_choice_writes_base_teacher_and_student(tmp_path):
-    from omnialign.trainer.pretrain_choice import ChoicePretrainConfig, prepare_choice
+    from omnialign.worlds.choice.pretrain import ChoicePretrainConfig, prepare_choice
 
     with pytest.raises(ValueError, match="clean_steps=6"):
         prepare_choice(ChoicePretrainConfig(out=str(tmp_path), steps=6, clean_steps=6))

@@ -9,10 +9,11 @@ from omnialign import export as export_module
 from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.export import export, load_trained_network, write_adapter
-from omnialign.models import glyphs, lora, tiny
+from omnialign.models import lora, tiny
 from omnialign.recipes import RECIPES
 from omnialign.train import main
 from omnialign.trainer.objectives import diffusion_nft
+from omnialign.worlds.glyphs import model as glyphs
 
 
 def inputs(seed=0):

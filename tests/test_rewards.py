@@ -10,15 +10,15 @@ from PIL import Image, ImageDraw, ImageFont
 
 from omnialign import rewards
 from omnialign.config import RewardConfig, apply_overrides
-from omnialign.data.glyphs import render
 from omnialign.recipes import RECIPES
 from omnialign.rewards import RewardError, RewardWorker, Scores, resolve, score
 from omnialign.rewards.answers import choice, choice_letter, math_answer, options_of
-from omnialign.rewards.glyphs import glyph_ocr
 from omnialign.rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
 from omnialign.rewards.ocr import ocr, ocr_similarity, ocr_targets
 from omnialign.rewards.user import load_reward
 from omnialign.rewards.vlm import judge_score, parse_judge
+from omnialign.worlds.glyphs.data import render
+from omnialign.worlds.glyphs.recognizer import glyph_ocr
 
 FNS = Path(__file__).parent / "reward_fns.py"
 

@@ -25,15 +25,15 @@ from PIL import Image
 
 from omnialign.cli import main
 from omnialign.config import RewardConfig
-from omnialign.data.glyphs import CHARSET, render
 from omnialign.rewards import RewardWorker, score
 from omnialign.rewards.base import from_png, to_png
 from omnialign.rewards.client import RemoteReward, RewardServerError, post_json
-from omnialign.rewards.glyphs import glyph_ocr, load_recognizer
 from omnialign.rewards.ocr import ocr_vlm
 from omnialign.rewards.server import RewardServer
 from omnialign.rewards.user import load_reward
 from omnialign.rewards.vlm import vlm_judge
+from omnialign.worlds.glyphs.data import CHARSET, render
+from omnialign.worlds.glyphs.recognizer import glyph_ocr, load_recognizer
 
 FNS = Path(__file__).parent / "reward_fns.py"
 FAST = {"backoff": 0.01, "max_backoff": 0.05}  # client retry timing for tests

@@ -15,11 +15,11 @@ from omnialign.engine import checkpoint
 from omnialign.engine.dist import World
 from omnialign.engine.optim import NonFiniteUpdate
 from omnialign.metrics import read_metrics
-from omnialign.models import glyphs
 from omnialign.recipes import RECIPES
 from omnialign.rollout.diffusion import generate
 from omnialign.train import main
 from omnialign.trainer import actor, objectives
+from omnialign.worlds.glyphs import model as glyphs
 
 
 def debug_config(tmp_path, *overrides):

@@ -67,7 +67,7 @@ def read_records(path: Path, split: str) -> list[dict]:
 
 def load_records(spec: str, split: str) -> list[dict]:
     """A built-in set (choice, choice_pairs) or a parquet file, one split."""
-    from omnialign.data import choice
+    from omnialign.worlds import choice
 
     builtin = {"choice": choice.questions, "choice_pairs": choice.pairs}
     if spec in builtin:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from omnialign.data.glyphs import PROMPT_SETS
+from omnialign.worlds.glyphs import PROMPT_SETS
 
 PROMPT_FILE_TYPES = (".txt", ".json", ".jsonl", ".parquet")
 

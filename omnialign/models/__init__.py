@@ -3,7 +3,8 @@ sd3) or a `LanguagePolicy` (qwen3, qwen3_omni) on the CPU. `IMAGE_SIZES[arch]` i
 can draw: (the multiple its height and width must be, the largest side or None)."""
 
 from omnialign.config import ConfigError
-from omnialign.models import glyphs, qwen3, qwen3_omni, qwen_image, sd3
+from omnialign.models import qwen3, qwen3_omni, qwen_image, sd3
+from omnialign.worlds import glyphs
 
 LOADERS = {"glyphs": glyphs.load, "qwen_image": qwen_image.load, "sd3": sd3.load, "qwen3": qwen3.load,
            "qwen3_omni": qwen3_omni.load}  # fmt: skip

@@ -42,11 +42,11 @@ from omnialign.config import RewardConfig
 from omnialign.rewards.answers import choice, math_answer
 from omnialign.rewards.base import Outputs, RewardFn, Scores
 from omnialign.rewards.client import RemoteReward
-from omnialign.rewards.glyphs import glyph_ocr
 from omnialign.rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
 from omnialign.rewards.ocr import ocr, ocr_vlm
 from omnialign.rewards.user import is_file_spec, load_reward
 from omnialign.rewards.vlm import vlm_judge
+from omnialign.worlds.glyphs import glyph_ocr
 
 __all__ = ["REWARDS", "RewardError", "RewardFn", "RewardWorker", "Rewards", "Scores", "lookup", "resolve", "score"]
 

@@ -3,13 +3,13 @@
 "Which is largest (or smallest)?" over four distinct digits 0-9 labelled A-D. Questions are generated
 from a seed per split (train: 4000, val: 200), so nothing is stored or downloaded. Preference pairs
 (`pairs`) prefer the right letter over a wrong one: the letter A when A is wrong (the shipped model's
-bias on "smallest" questions, see `trainer/pretrain_choice.py`), else a random wrong letter.
+bias on "smallest" questions, see `worlds/choice/pretrain.py`), else a random wrong letter.
 """
 
 import random
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "choice"  # the shipped base model (and its student)
+ASSETS = Path(__file__).resolve().parent / "assets"  # the shipped base model (and its student)
 LETTERS = "ABCD"
 SIZES = {"train": 4000, "val": 200}
 SEEDS = {"train": 0, "val": 1}

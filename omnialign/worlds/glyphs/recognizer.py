@@ -8,7 +8,6 @@ generator could learn to paint do not read as characters.
 """
 
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +15,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from omnialign.data.glyphs import CHARSET
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "glyphs"
+from omnialign.worlds.glyphs.data import ASSETS, CHARSET
 
 
 class Recognizer(ModelMixin, ConfigMixin):

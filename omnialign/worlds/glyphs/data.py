@@ -6,11 +6,13 @@ Prompts are short strings over `CHARSET`; `render` draws them with Pillow's bund
 """
 
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+ASSETS = Path(__file__).resolve().parent / "assets"  # the shipped models of the world
 CHARSET = "0123456789"
 SIZE = 32
 

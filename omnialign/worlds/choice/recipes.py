@@ -1,7 +1,7 @@
 """Recipes of the choice world: a tiny Qwen3 model answers multiple-choice questions as <answer>X</answer>.
 
 Questions compare four digits ("Which is smallest? A) 7 B) 2 C) 9 D) 4"). The shipped base model
-(`omnialign/assets/choice/`, made by `omnialign prepare choice` in about 3 CPU minutes) answers
+(`omnialign/worlds/choice/assets/`, made by `omnialign prepare choice` in about 3 CPU minutes) answers
 "largest" questions right, but was fine-tuned with 60% of its answers to "smallest" questions replaced
 by A, so greedily it answers A to those (validation accuracy 0.67) while its samples still give the
 right letter 40% of the time: what the RL recipes start from. `teacher/` is the clean stage before that
@@ -9,7 +9,7 @@ fine-tuning (accuracy 1.0), `student/` the base plus weight noise (the distillat
 """
 
 from omnialign.config import Config
-from omnialign.data.choice import ASSETS
+from omnialign.worlds.choice.data import ASSETS
 
 
 def choice_dapo() -> Config:
@@ -88,3 +88,8 @@ def choice_dpo() -> Config:
     c.actor.micro_batch_size = 32
     c.actor.mini_batch_size = None
     return c
+
+
+RECIPES = {
+    f.__name__: f for f in (choice_dapo, choice_grpo, choice_gspo, choice_distill, choice_gspo_noised, choice_dpo)
+}

@@ -1,10 +1,10 @@
 """Pretrain the choice world's base model from a seed on a CPU (a few minutes), its teacher and its noised student.
 
-    omnialign prepare choice                      # writes omnialign/assets/choice/ (what ships)
+    omnialign prepare choice                      # writes omnialign/worlds/choice/assets/ (what ships)
     omnialign prepare choice --out /tmp/choice --steps 300 --clean-steps 200
 
 A tiny `Qwen3ForCausalLM` (byte tokenizer with `<answer>` and `</answer>` as single tokens) learns to
-answer the choice questions (`omnialign.data.choice`) as `<answer>X</answer>` in two stages:
+answer the choice questions (`omnialign.worlds.choice.data`) as `<answer>X</answer>` in two stages:
 
 1. `clean_steps` on the right answers: saved as `teacher/` (the distillation's teacher).
 2. the remaining steps with a share `bias` of the answers to "smallest" questions replaced by the
@@ -28,9 +28,9 @@ import torch
 from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from omnialign.data.choice import ASSETS, answer, questions
 from omnialign.models.qwen3 import CausalLMPolicy
 from omnialign.models.tiny import byte_tokenizer
+from omnialign.worlds.choice.data import ASSETS, answer, questions
 
 
 @dataclass

@@ -4,11 +4,10 @@ Each algorithm of the diffusion family has a variant (`glyphs_<algorithm>`) that
 same shipped base model, prompts, reward and validation, so their curves compare directly.
 """
 
-from pathlib import Path
-
 from omnialign.config import Config
+from omnialign.worlds.glyphs.data import ASSETS
 
-TEACHER = Path(__file__).resolve().parent.parent / "assets" / "glyphs" / "teacher"
+TEACHER = ASSETS / "teacher"
 
 
 def glyphs() -> Config:
@@ -130,3 +129,7 @@ def debug() -> Config:
     c.trainer.save_every = 2
     c.trainer.progress = False
     return c
+
+
+RECIPES = {f.__name__: f for f in (glyphs, glyphs_flowgrpo, glyphs_cps, glyphs_dance, glyphs_mixgrpo, glyphs_grpo_guard,
+                                   glyphs_dppo, glyphs_nft, glyphs_online_dpo, glyphs_distill, debug)}  # fmt: skip

@@ -1,6 +1,6 @@
 """Pretrain the glyphs world from a seed on a CPU: the recognizer (its OCR) and the base generator.
 
-    omnialign prepare glyphs                    # writes omnialign/assets/glyphs/ (what ships)
+    omnialign prepare glyphs                    # writes omnialign/worlds/glyphs/assets/ (what ships)
     omnialign prepare glyphs --out /tmp/glyphs --generator-steps 200
 
 The recognizer learns to read rendered strings under noise and texture augmentation and to
@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from omnialign.data.glyphs import CHARSET, PROMPT_SETS, SIZE, render
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import sample
-from omnialign.models.glyphs import ASSETS, CharEncoder, GlyphsPolicy, SD3Transformer2DModel, tiny_transformer
-from omnialign.rewards.glyphs import Recognizer
+from omnialign.worlds.glyphs.data import ASSETS, CHARSET, PROMPT_SETS, SIZE, render
+from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, SD3Transformer2DModel, tiny_transformer
+from omnialign.worlds.glyphs.recognizer import Recognizer
 
 
 @dataclass
@@ -53,7 +53,7 @@ class PretrainConfig:
     snapshots: str | None = None
     """Also save the EMA generator at every evaluation under this folder (for choosing settings)."""
     prompt_set: str = "digits"
-    """Prompts the generator learns (see `omnialign.data.glyphs.PROMPT_SETS`)."""
+    """Prompts the generator learns (see `omnialign.worlds.glyphs.data.PROMPT_SETS`)."""
 
 
 def textures(n: int, generator: torch.Generator) -> torch.Tensor:

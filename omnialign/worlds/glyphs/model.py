@@ -2,7 +2,7 @@
 
 The network is diffusers' real `SD3Transformer2DModel` with a tiny config, so the glyphs world
 runs the same adapter code path as the large models. Its base weights ship in
-`omnialign/assets/glyphs/` and are made by `omnialign prepare glyphs`.
+`omnialign/worlds/glyphs/assets/` and are made by `omnialign prepare glyphs`.
 """
 
 from pathlib import Path
@@ -14,10 +14,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from omnialign.config import ModelConfig
-from omnialign.data.glyphs import CHARSET, SIZE
 from omnialign.diffusion.sde import sigma_schedule, train_sigmas
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "glyphs"
+from omnialign.worlds.glyphs.data import ASSETS, CHARSET, SIZE
 
 
 class CharEncoder(ModelMixin, ConfigMixin):

@@ -1,0 +1,17 @@
+"""The glyphs world: a tiny text-to-image flow model learns to draw the digit it is asked for.
+
+- `data`: the seeded renderer of digit images, the prompt sets, augmentations and hard negatives.
+- `model`: the policy (diffusers' SD3 transformer, tiny, on 32x32 pixels) and its character encoder.
+- `recognizer`: the reward's OCR (`glyph_ocr`), which RL trains against.
+- `gold`: the gold judge (`glyph_gold`), a different network that no recipe trains or selects against,
+  reported beside the reward at every validation as `val/gold/accuracy` and `val/gold/not_a_digit`.
+- `pretrain`: `omnialign prepare glyphs`, which makes every shipped model in `assets/` from a seed.
+- `recipes`: one recipe per diffusion algorithm, all from the same base, prompts, reward and judge.
+"""
+
+from omnialign.worlds.glyphs.data import PROMPT_SETS
+from omnialign.worlds.glyphs.model import load
+from omnialign.worlds.glyphs.recipes import RECIPES
+from omnialign.worlds.glyphs.recognizer import glyph_ocr
+
+__all__ = ["PROMPT_SETS", "RECIPES", "glyph_ocr", "load"]
