@@ -52,7 +52,22 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     from omnialign.worlds.glyphs.pretrain import PretrainConfig, prepare_glyphs
 
     config = PretrainConfig()
-    for key in ("out", "seed", "recognizer_steps", "clean_steps", "noisy_steps", "label_noise"):
+    for key in (
+        "out",
+        "seed",
+        "device",
+        "gold_steps",
+        "recognizer_steps",
+        "clean_steps",
+        "noisy_steps",
+        "label_noise",
+        "eval_every",
+        "snapshots",
+        "fool_rounds",
+        "fool_recipes",
+        "fool_steps",
+        "refresh_steps",
+    ):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
     prepare_glyphs(config)
@@ -202,13 +217,20 @@ def parser() -> argparse.ArgumentParser:
     ex.set_defaults(fn=cmd_export)
     pr = sub.add_parser("prepare", help="build data or pretrained assets")
     prep = pr.add_subparsers(dest="what", required=True)
-    pr = prep.add_parser("glyphs", help="pretrain the glyphs base generator and recognizer")
+    pr = prep.add_parser(
+        "glyphs",
+        help="pretrain the glyphs world: gold judge, reward recognizer, base generator",
+        description="Defaults and meanings: PretrainConfig, omnialign/worlds/glyphs/pretrain.py",
+    )
     pr.add_argument("--out", help="output folder (default: the package's shipped assets)")
     pr.add_argument("--seed", type=int)
-    pr.add_argument("--recognizer-steps", type=int)
-    pr.add_argument("--clean-steps", type=int)
-    pr.add_argument("--noisy-steps", type=int)
+    pr.add_argument("--device", help="cpu, cuda or auto (default)")
+    for name in ("gold-steps", "recognizer-steps", "clean-steps", "noisy-steps", "eval-every", "fool-rounds",
+                 "fool-steps", "refresh-steps"):  # fmt: skip
+        pr.add_argument(f"--{name}", type=int)
     pr.add_argument("--label-noise", type=float)
+    pr.add_argument("--snapshots", help="also save the EMA generator at every evaluation under this folder")
+    pr.add_argument("--fool-recipes", nargs="+", help="recipes whose RL runs look for samples that fool the reward")
     pr.set_defaults(fn=cmd_prepare)
     po = prep.add_parser("ocr", help="OCR prompt files (one prompt per line, target in double quotes) to parquet",
                          description="INPUT_DIR/{train,test}.txt -> OUT_DIR/{train,test}.parquet with columns prompt, "

@@ -134,6 +134,10 @@ class RewardConfig:
     """Keyword options by reward name, e.g. {"ocr_vlm": {"url": "http://H:P/v1", "model": "M"}} (docs/rewards.md)."""
     remote: dict[str, str] = field(default_factory=dict)
     """Rewards served by `omnialign serve-reward`: name -> http://HOST:PORT; token from $OMNIALIGN_REWARD_TOKEN."""
+    gold: str | None = None
+    """A gold judge scored at validation only, never trained on or selected against (diffusion): a reward
+    name (options from reward.options). Logged as val/gold/accuracy (its mean) and val/gold/KEY for each
+    number in its per-sample info; what it reads goes into the grid captions. Glyphs: glyph_gold."""
 
 
 @dataclass
@@ -252,6 +256,8 @@ class TrainerConfig:
     """Runs are written to {output_dir}/{name}/."""
     progress: bool = True
     """Show a progress bar per phase."""
+    save_val_images: bool = False
+    """Diffusion: also save each validation's images, prompts and rewards as samples/step_N.pt (uint8 images)."""
 
 
 @dataclass

@@ -59,6 +59,15 @@ def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def all_gather_list(items: list) -> list:
+    """Concatenate picklable lists of every rank (rank order)."""
+    if dist.get_world_size() == 1:
+        return items
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, items)
+    return [item for part in parts for item in part]
+
+
 def mean_across(tensor: torch.Tensor) -> torch.Tensor:
     """Mean over ranks (one all-reduce)."""
     if dist.get_world_size() > 1:

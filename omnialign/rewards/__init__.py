@@ -46,12 +46,13 @@ from omnialign.rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
 from omnialign.rewards.ocr import ocr, ocr_vlm
 from omnialign.rewards.user import is_file_spec, load_reward
 from omnialign.rewards.vlm import vlm_judge
-from omnialign.worlds.glyphs import glyph_ocr
+from omnialign.worlds.glyphs import glyph_gold, glyph_ocr
 
 __all__ = ["REWARDS", "RewardError", "RewardFn", "RewardWorker", "Rewards", "Scores", "lookup", "resolve", "score"]
 
 REWARDS: dict[str, RewardFn] = {
     "glyph_ocr": glyph_ocr,
+    "glyph_gold": glyph_gold,
     "ocr": ocr,
     "ocr_vlm": ocr_vlm,
     "vlm_judge": vlm_judge,
@@ -104,10 +105,12 @@ def resolve(config: RewardConfig) -> dict[str, RewardFn]:
     weights = config.weights
     if not weights:
         raise ValueError('reward.weights is empty; name at least one reward, e.g. reward.weights={"glyph_ocr": 1}')
+    named = set(weights) | {config.gold} - {None}
     for field_name, names in (("optional", config.optional), ("options", config.options), ("remote", config.remote)):
-        stray = sorted(set(names) - set(weights))
+        stray = sorted(set(names) - named)
         if stray:
-            raise ValueError(f"reward.{field_name} names {stray}, which reward.weights {sorted(weights)} does not")
+            raise ValueError(f"reward.{field_name} names {stray}, which neither reward.weights {sorted(weights)} "
+                             f"nor reward.gold ({config.gold}) does")  # fmt: skip
     bad = {k: w for k, w in weights.items() if not math.isfinite(w)}
     if bad:
         raise ValueError(f"reward.weights has non-finite weights {bad}")

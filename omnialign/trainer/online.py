@@ -44,6 +44,8 @@ class OnlineTrainer:
         self.prompts, self.metadata = load_prompt_set(config.data.prompts)
         self.val_prompts, self.val_metadata = load_prompt_set(config.data.val_prompts)
         self.rewards = reward_worker
+        gold = config.reward.gold
+        self.gold = rewards.lookup(gold, config.reward.options.get(gold), config.reward.remote) if gold else None
         self.timer = Timer(sync)
         self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
         self.progress = config.trainer.progress and world.is_main
@@ -134,18 +136,37 @@ class OnlineTrainer:
         padded = prompts + prompts[-1:] * (share * world.size - len(prompts))
         mine = slice(world.rank * share, (world.rank + 1) * share)
         seeds = torch.arange(len(padded)) + VAL_SEED
-        images = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device)
+        images_mine = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device)
         meta = [self.val_metadata[min(i, len(prompts) - 1) // n] for i in range(len(padded))]
-        reward, failures = self.score(images, padded[mine], meta[mine])
-        images = dist.all_gather(images)[: len(prompts)]
+        reward, failures = self.score(images_mine, padded[mine], meta[mine])
+        images = dist.all_gather(images_mine)[: len(prompts)]
         reward = dist.all_gather(reward.to(world.device))[: len(prompts)]
         group = torch.arange(len(self.val_prompts)).repeat_interleave(n)
+        gold, reads = self.judge(images_mine, padded[mine], meta[mine], len(prompts))
         if world.is_main:
-            captions = [f"{p} {r:.2f}" for p, r in zip(prompts, reward.tolist())]
+            captions = [f"{p} {r:.2f}" + (f" g{g}" if g else "") for p, r, g in zip(prompts, reward.tolist(), reads)]
             save_grid(images, captions, n, self.run_dir / "samples" / f"step_{step:06d}.png")
+            if c.trainer.save_val_images:
+                torch.save({"images": images.mul(255).round().to(torch.uint8).cpu(), "prompts": prompts,
+                            "reward": reward.cpu(), **{f"gold/{k}": v.cpu() for k, v in gold.items()}},
+                           self.run_dir / "samples" / f"step_{step:06d}.pt")  # fmt: skip
         return {"val/reward/mean": reward.mean(), "val/reward/std": reward.std(),
                 "val/diversity": diversity(images, group.to(images.device)),
+                **{f"val/gold/{k}": v.mean() for k, v in gold.items()},
                 **{f"val/{k}": v for k, v in failures.items()}}  # fmt: skip
+
+    def judge(self, images: torch.Tensor, prompts: list[str], meta: list[dict], count: int
+              ) -> tuple[dict[str, torch.Tensor], list[str]]:  # fmt: skip
+        """The gold judge's verdicts on this rank's validation images, gathered over the ranks (first `count`):
+        {"accuracy": its scores, KEY: each number of its info} as (count,) tensors, and what it reads."""
+        if self.gold is None:
+            return {}, [""] * count
+        scores = self.gold(images, prompts, meta)
+        numbers = [k for k, v in scores.info[0].items() if isinstance(v, (int, float))]
+        values = {"accuracy": list(scores), **{k: [i[k] for i in scores.info] for k in numbers}}
+        device = self.world.device
+        gathered = {k: dist.all_gather(torch.tensor(v, device=device))[:count] for k, v in values.items()}
+        return gathered, dist.all_gather_list([str(i.get("reads", "")) for i in scores.info])[:count]
 
     def fit(self, resume: Path | None = None) -> dict:
         """Train to trainer.total_steps (from a checkpoint if given); returns the validation summary."""

@@ -10,8 +10,9 @@
 """
 
 from omnialign.worlds.glyphs.data import PROMPT_SETS
+from omnialign.worlds.glyphs.gold import glyph_gold
 from omnialign.worlds.glyphs.model import load
 from omnialign.worlds.glyphs.recipes import RECIPES
 from omnialign.worlds.glyphs.recognizer import glyph_ocr
 
-__all__ = ["PROMPT_SETS", "RECIPES", "glyph_ocr", "load"]
+__all__ = ["PROMPT_SETS", "RECIPES", "glyph_gold", "glyph_ocr", "load"]

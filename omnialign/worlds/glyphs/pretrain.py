@@ -1,20 +1,36 @@
-"""Pretrain the glyphs world from a seed on a CPU: the recognizer (its OCR) and the base generator.
+"""Pretrain the glyphs world from a seed: the gold judge, the reward's recognizer and the base generator,
+then harden the recognizer against what RL finds to fool it.
 
-    omnialign prepare glyphs                    # writes omnialign/worlds/glyphs/assets/ (what ships)
-    omnialign prepare glyphs --out /tmp/glyphs --generator-steps 200
+    omnialign prepare glyphs                              # writes omnialign/worlds/glyphs/assets/ (what ships)
+    omnialign prepare glyphs --out /tmp/glyphs --device cuda
+    omnialign prepare glyphs --out /tmp/g --gold-steps 50 --recognizer-steps 50 --clean-steps 50 \
+        --noisy-steps 20 --fool-rounds 0                  # a quick check of the script itself
 
-The recognizer learns to read rendered strings under noise and texture augmentation and to
-answer "blank" on noise-only and texture-only negatives. The generator (rectified flow,
-logit-normal t, 10% empty prompts for CFG, an EMA of its weights) learns to draw clean glyphs,
-but a share `label_noise` of its training images carry a random prompt, so the shipped base
-model draws a legible glyph for every prompt yet the asked-for one only part of the time:
-deliberately imperfect prompt following, as text rendering is for large models, that RL can fix.
+1. The gold judge (`gold.py`) learns the renderer's digits under strong augmentation and the hard
+   negatives of `data.negatives`, with an explicit not-a-digit class.
+2. The recognizer (`recognizer.py`, the reward) learns strings of one and two characters under the
+   same augmentation, and reads every negative as blank (probability near 0 for every digit).
+3. The generator (rectified flow, logit-normal t, 10% empty prompts, an EMA of its weights) first
+   learns clean glyphs (`clean_steps`; its EMA ships as `teacher/`, the distillation teacher), then
+   `noisy_steps` with a share `label_noise` of its prompts replaced by random ones: the shipped base
+   draws legible digits but the asked-for one only part of the time, what RL has to fix.
+4. Fooling rounds: RL recipes (`fool_recipes`) train for `fool_steps` against the recognizer; their
+   validation samples that the recognizer scores above 0.5 but the gold judge does not read as the
+   prompted digit are added to a bank of fooling samples, and the recognizer is fine-tuned with them
+   as negatives; this repeats until a round finds under `fool_tolerance` of such samples or
+   `fool_rounds` are done. The bank ships as `recognizer/fooling_samples.pt`.
+
+Everything is seeded. The report (`pretrain.json`) holds each model's measured quality and the time
+of each phase. No recipe ever trains or selects against the gold judge.
 """
 
 import copy
 import json
+import os
+import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,7 +39,18 @@ from tqdm import tqdm
 
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import sample
-from omnialign.worlds.glyphs.data import ASSETS, CHARSET, PROMPT_SETS, SIZE, render
+from omnialign.worlds.glyphs.data import (
+    ASSETS,
+    CHARSET,
+    NEGATIVE_KINDS,
+    PROMPT_SETS,
+    SIZE,
+    augment,
+    bank,
+    negatives,
+    render,
+)
+from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
 from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, SD3Transformer2DModel, tiny_transformer
 from omnialign.worlds.glyphs.recognizer import Recognizer
 
@@ -31,148 +58,226 @@ from omnialign.worlds.glyphs.recognizer import Recognizer
 @dataclass
 class PretrainConfig:
     out: str = str(ASSETS)
-    """Folder for `transformer/`, `text_encoder/`, `recognizer/` and `pretrain.json`."""
+    """Folder for `gold/`, `recognizer/`, `transformer/`, `text_encoder/`, `teacher/` and `pretrain.json`."""
     seed: int = 0
-    """Seed of every draw (renders, noise, initial weights)."""
-    recognizer_steps: int = 800
-    """Optimizer steps of the recognizer (batch 128)."""
-    clean_steps: int = 1200
-    """Generator steps on correctly labelled glyphs (batch 128, one-cycle learning rate)."""
-    noisy_steps: int = 100
+    """Seed of every draw (images, noise, initial weights)."""
+    device: str = "auto"
+    """Where to train: cpu, cuda, or auto (cuda when there is one)."""
+    gold_steps: int = 3000
+    """Optimizer steps of the gold judge (batch 256)."""
+    recognizer_steps: int = 3000
+    """Optimizer steps of the recognizer (batch 256)."""
+    clean_steps: int = 8000
+    """Generator steps on correctly labelled glyphs (batch 256, one-cycle learning rate)."""
+    noisy_steps: int = 600
     """Then steps with `label_noise` of the prompts replaced by random ones, at `noisy_lr`."""
     label_noise: float = 0.6
     """Share of prompts replaced in the second phase: the base follows its prompt only partly."""
     lr: float = 1e-3
-    """Peak learning rate of the first phase."""
+    """Peak learning rate of the generator's first phase."""
     noisy_lr: float = 2e-4
     """Constant learning rate of the second phase."""
-    ema: float = 0.995
+    ema: float = 0.999
     """Decay of the exponential moving average of the generator's weights (what ships)."""
-    eval_every: int = 100
-    """Evaluate the generator's ODE reward every this many steps."""
+    eval_every: int = 1000
+    """Evaluate the generator (reward, gold accuracy, not-a-digit) every this many steps."""
     snapshots: str | None = None
     """Also save the EMA generator at every evaluation under this folder (for choosing settings)."""
     prompt_set: str = "digits"
-    """Prompts the generator learns (see `omnialign.worlds.glyphs.data.PROMPT_SETS`)."""
+    """Prompts the generator learns (see `PROMPT_SETS`)."""
+    fool_rounds: int = 3
+    """Most rounds of RL against the recognizer (0: none)."""
+    fool_recipes: list[str] = field(default_factory=lambda: ["glyphs_online_dpo", "glyphs_nft", "glyphs_grpo_guard"])
+    """Recipes whose runs look for fooling samples, in parallel processes."""
+    fool_steps: int = 300
+    """Training steps of each fooling run (validation at 0, 1/3, 2/3 and the end, 32 seeds per digit)."""
+    fool_tolerance: float = 0.03
+    """Stop once at most this share of the rewarded (> 0.5) validation samples fool the recognizer."""
+    refresh_steps: int = 1000
+    """Recognizer fine-tuning steps after each round that found fooling samples."""
 
 
-def textures(n: int, generator: torch.Generator) -> torch.Tensor:
-    """Texture-only images (n, 1, SIZE, SIZE) in [-1, 1]: checkerboards, stripes, noise, blobs."""
-    i = torch.arange(SIZE).view(SIZE, 1)
-    j = torch.arange(SIZE).view(1, SIZE)
-    out = []
-    for kind, period, phase in torch.randint(0, 8, (n, 3), generator=generator).tolist():
-        period = 1 + period % 4
-        if kind < 2:
-            pattern = ((i + phase) // period + (j + phase) // period) % 2 * 2.0 - 1
-        elif kind < 4:
-            pattern = ((i if kind == 2 else j) + phase) // period % 2 * 2.0 - 1
-        elif kind < 6:
-            pattern = torch.randn(SIZE, SIZE, generator=generator)
-        else:
-            low = torch.randn(1, 1, 2 + period, 2 + period, generator=generator)
-            pattern = F.interpolate(low, size=(SIZE, SIZE), mode="bilinear")[0, 0] * 1.5
-        out.append(pattern.float().clamp(-1, 1).expand(SIZE, SIZE))
-    return torch.stack(out).unsqueeze(1)
+def pick_device(name: str) -> torch.device:
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
-def random_patch_mask(n: int, generator: torch.Generator) -> torch.Tensor:
-    """Masks (n, 1, SIZE, SIZE) of one random rectangle each, from a quarter to the whole image."""
-    masks = torch.zeros(n, 1, SIZE, SIZE)
-    for m, (h, w, y, x) in zip(masks, torch.randint(SIZE // 4, SIZE + 1, (n, 4), generator=generator).tolist()):
-        y, x = y % (SIZE - h + 1), x % (SIZE - w + 1)
-        m[:, y : y + h, x : x + w] = 1
-    return masks
+def _one_cycle(opt: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.OneCycleLR:
+    return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(steps, 2), pct_start=0.1)
 
 
-def recognizer_batch(step: int, seed: int, size: int = 128) -> tuple[torch.Tensor, list[str]]:
-    """A training batch: 3/4 augmented renders with their text, 1/4 negatives labelled ''."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    n_pos = size * 3 // 4
-    lengths = torch.randint(1, 3, (n_pos,), generator=g).tolist()
-    chars = torch.randint(0, len(CHARSET), (n_pos, 2), generator=g).tolist()
-    texts = ["".join(CHARSET[c] for c in cs[:n]) for cs, n in zip(chars, lengths)]
-    pos = render(texts, seed=seed * 1_000_003 + step)
-    # keep the label under flow noise (sigma < 0.3) and under textures painted on a patch
-    sigma = torch.rand(n_pos, generator=g) * 0.3 * (torch.rand(n_pos, generator=g) < 0.5)
-    pos = sde.add_noise(pos, torch.randn(pos.shape, generator=g), sigma)
-    amp = (torch.rand(n_pos, 1, 1, 1, generator=g) * 0.6) * (torch.rand(n_pos, 1, 1, 1, generator=g) < 0.4)
-    pos = pos + amp * random_patch_mask(n_pos, g) * textures(n_pos, g)
-    # negatives: textures, heavily noised renders, empty images
-    n_neg = size - n_pos
-    neg = textures(n_neg, g)
-    heavy = render(["".join(CHARSET[c] for c in cs[:1]) for cs in chars[:n_neg]], seed=seed + step)
-    sigma = 0.7 + 0.3 * torch.rand(n_neg, generator=g)
-    noised = sde.add_noise(heavy, torch.randn(heavy.shape, generator=g), sigma)
-    kind = torch.randint(0, 3, (n_neg, 1, 1, 1), generator=g)
-    neg = torch.where(kind == 0, neg, torch.where(kind == 1, noised, -torch.ones_like(neg)))
-    return torch.cat([pos, neg]).clamp(-1.5, 1.5), texts + [""] * n_neg
+def negative_pool(n: int, seed: int, device: torch.device) -> torch.Tensor:
+    """n negatives (see `data.negatives`), drawn once; batches take them with a fresh mild augmentation."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([negatives(2000, g, device)[0] for _ in range(-(-n // 2000))])[:n]
 
 
-def train_recognizer(config: PretrainConfig) -> Recognizer:
-    torch.manual_seed(config.seed)
-    model = Recognizer()
+def pick(pool: torch.Tensor, n: int, g: torch.Generator, strength: float) -> torch.Tensor:
+    """n random images of `pool`, augmented with `strength`."""
+    return augment(pool[torch.randint(0, len(pool), (n,), generator=g).to(pool.device)], g, strength)
+
+
+def digit_batch(digits: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """n augmented digit images from the bank `digits` (10 x 250 variants) and their digit (n,)."""
+    index = torch.randint(0, len(digits), (n,), generator=g)
+    return augment(digits[index.to(digits.device)], g), index.to(digits.device) // (len(digits) // len(CHARSET))
+
+
+def train_gold(config: PretrainConfig, device: torch.device) -> GoldJudge:
+    """60% augmented digits, 40% negatives (class 10), label smoothing 0.05."""
+    g = torch.Generator().manual_seed(config.seed + 11)
+    torch.manual_seed(config.seed + 11)
+    digits = bank(PROMPT_SETS["digits"])[0].to(device)
+    pool = negative_pool(50_000, config.seed + 12, device)
+    model = GoldJudge().to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=config.recognizer_steps)
-    bar = tqdm(range(config.recognizer_steps), desc="recognizer", dynamic_ncols=True)
-    for step in bar:
-        images, texts = recognizer_batch(step, config.seed)
-        loss = F.cross_entropy(model(images).flatten(0, 1), model.targets(texts).flatten())
+    sched = _one_cycle(opt, 2e-3, config.gold_steps)
+    bar = tqdm(range(config.gold_steps), desc="gold judge", dynamic_ncols=True, mininterval=5)
+    for _ in bar:
+        pos, labels = digit_batch(digits, 154, g)
+        x = torch.cat([pos, pick(pool, 102, g, 0.5)])
+        y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT)]).to(device)
+        loss = F.cross_entropy(model(x), y, label_smoothing=0.05)
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     return model.eval()
 
 
 @torch.no_grad()
-def recognizer_accuracy(model: Recognizer, seed: int) -> dict[str, float]:
-    """String accuracy on clean single and double renders, and mean p(blank) on negatives."""
-    texts = PROMPT_SETS["digits"] * 20 + PROMPT_SETS["pairs"] * 2
-    images = render(texts, seed=seed + 777)
-    correct = (model(images).argmax(-1) == model.targets(texts)).all(-1).float()
-    negatives = textures(200, torch.Generator().manual_seed(seed + 778))
-    blank = model.string_log_prob(negatives, [""] * 200).exp().mean()
-    return {"accuracy/single": correct[:200].mean().item(), "accuracy/pair": correct[200:].mean().item(),
-            "negatives/p_blank": blank.item()}  # fmt: skip
+def gold_quality(model: GoldJudge, seed: int, device: torch.device) -> dict[str, float]:
+    """Accuracy on fresh renders (the renderer's own images) and on augmented ones; not-a-digit rate on
+    fresh negatives of each kind."""
+    g = torch.Generator().manual_seed(seed + 777)
+    texts = PROMPT_SETS["digits"] * 100
+    renders = render(texts, seed=seed + 777)
+    target = torch.tensor([CHARSET.index(t) for t in texts], device=device)
+    out = {}
+    for name, images in (("renders", renders), ("augmented", augment(renders, g))):
+        out[f"accuracy/{name}"] = (model(images.to(device)).argmax(-1) == target).float().mean().item()
+    neg, kind = negatives(2000, g)
+    reads = model(neg.to(device)).argmax(-1).cpu()
+    out["not_a_digit/all_negatives"] = (reads == NOT_A_DIGIT).float().mean().item()
+    for k, name in enumerate(NEGATIVE_KINDS):
+        out[f"not_a_digit/{name}"] = (reads[kind == k] == NOT_A_DIGIT).float().mean().item()
+    return out
+
+
+def recognizer_batch(
+    strings: tuple[torch.Tensor, torch.Tensor],
+    texts: list[str],
+    pool: torch.Tensor,
+    fooling: torch.Tensor | None,
+    g: torch.Generator,
+    size: int = 256,
+) -> tuple[torch.Tensor, list[str]]:
+    """Half augmented strings (one or two characters) with their text, the rest negatives labelled '':
+    a quarter of the batch from the fooling bank when there is one."""
+    images, which = strings
+    n_pos = size // 2
+    index = torch.randint(0, len(images), (n_pos,), generator=g)
+    pos = augment(images[index.to(images.device)], g, strength=0.7)
+    n_fool = size // 4 if fooling is not None and len(fooling) else 0
+    parts = [pos, pick(pool, size - n_pos - n_fool, g, 0.5)]
+    if n_fool:
+        parts.append(pick(fooling, n_fool, g, 0.3))
+    return torch.cat(parts), [texts[i] for i in which[index].tolist()] + [""] * (size - n_pos)
+
+
+def train_recognizer(config: PretrainConfig, device: torch.device, steps: int, model: Recognizer | None = None,
+                     fooling: torch.Tensor | None = None, lr: float = 2e-3) -> Recognizer:  # fmt: skip
+    """Train a new recognizer (or fine-tune `model`) for `steps`, with the fooling bank as negatives."""
+    g = torch.Generator().manual_seed(config.seed + 23 + (0 if fooling is None else len(fooling)))
+    torch.manual_seed(config.seed + 23)
+    texts = PROMPT_SETS["digits"] + PROMPT_SETS["pairs"]
+    strings = bank(texts)
+    # as many single digits as pairs: repeat the singles' variants to the pairs' count
+    singles = strings[1] < len(PROMPT_SETS["digits"])
+    repeat = int((~singles).sum() // singles.sum())
+    strings = (torch.cat([strings[0][singles].repeat(repeat, 1, 1, 1), strings[0][~singles]]),
+               torch.cat([strings[1][singles].repeat(repeat), strings[1][~singles]]))  # fmt: skip
+    strings = (strings[0].to(device), strings[1])
+    pool = negative_pool(50_000, config.seed + 24, device)
+    fooling = None if fooling is None else fooling.to(device)
+    model = (model or Recognizer()).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    sched = _one_cycle(opt, lr, steps)
+    bar = tqdm(range(steps), desc="recognizer", dynamic_ncols=True, mininterval=5)
+    for _ in bar:
+        images, labels = recognizer_batch(strings, texts, pool, fooling, g)
+        loss = F.cross_entropy(model(images).flatten(0, 1), model.targets(labels).flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    return model.eval()
 
 
 @torch.no_grad()
-def ode_reward(
-    policy: GlyphsPolicy, recognizer: Recognizer, prompts: list[str], seeds: list[int], steps: int = 10
-) -> float:
-    """Mean recognizer probability of the prompt over ODE samples, one per (prompt, seed)."""
+def recognizer_quality(model: Recognizer, seed: int, device: torch.device) -> dict[str, float]:
+    """String accuracy on fresh single and double renders; on negatives, the mean of the largest
+    probability it gives any single digit (a blob must score near 0 for every digit)."""
+    texts = PROMPT_SETS["digits"] * 20 + PROMPT_SETS["pairs"] * 2
+    images = render(texts, seed=seed + 777).to(device)
+    correct = (model(images).argmax(-1) == model.targets(texts)).all(-1).float()
+    neg, kind = negatives(2000, torch.Generator().manual_seed(seed + 778))
+    best = digit_probabilities(model, neg.to(device)).max(-1).values.cpu()
+    out = {"accuracy/single": correct[:200].mean().item(), "accuracy/pair": correct[200:].mean().item(),
+           "negatives/max_digit_p": best.mean().item()}  # fmt: skip
+    for k, name in enumerate(NEGATIVE_KINDS):
+        out[f"negatives/max_digit_p/{name}"] = best[kind == k].mean().item()
+    return out
+
+
+def digit_probabilities(model: Recognizer, images: torch.Tensor) -> torch.Tensor:
+    """p(single digit d | image) for d in 0-9, (B, 10): the reward each digit prompt would get."""
+    log_probs = F.log_softmax(model(images).float(), dim=-1)  # (B, positions, classes)
+    return (log_probs[:, 0, : len(CHARSET)] + log_probs[:, 1:, len(CHARSET)].sum(-1, keepdim=True)).exp()
+
+
+@torch.no_grad()
+def evaluate_generator(policy: GlyphsPolicy, recognizer: Recognizer, gold: GoldJudge, prompts: list[str],
+                       seeds: list[int], device: torch.device, steps: int = 10) -> dict[str, float]:  # fmt: skip
+    """ODE samples, one per (prompt, seed): the reward's mean, the gold accuracy and not-a-digit rate."""
     texts = [p for p in prompts for _ in seeds]
     generators = [torch.Generator().manual_seed(s) for _ in prompts for s in seeds]
     out = sample(policy.velocity, generators, (1, SIZE, SIZE), policy.schedule(steps, SIZE, SIZE),
-                 policy.encode_prompts(texts))  # fmt: skip
-    return recognizer.string_log_prob(out.final.clamp(-1, 1), texts).exp().mean().item()
+                 policy.encode_prompts(texts), device=device)  # fmt: skip
+    images = out.final.clamp(-1, 1)
+    reads = gold(images).argmax(-1)
+    right = (reads == torch.tensor([CHARSET.index(t[0]) for t in texts], device=device)).float().mean().item()
+    return {"reward": recognizer.string_log_prob(images, texts).exp().mean().item(),
+            "gold_accuracy": right if all(len(t) == 1 for t in texts) else float("nan"),
+            "not_a_digit": (reads == NOT_A_DIGIT).float().mean().item()}  # fmt: skip
 
 
-def train_generator(
-    config: PretrainConfig, recognizer: Recognizer
-) -> tuple[GlyphsPolicy, SD3Transformer2DModel, list[dict]]:
+def train_generator(config: PretrainConfig, recognizer: Recognizer, gold: GoldJudge, device: torch.device
+                    ) -> tuple[GlyphsPolicy, SD3Transformer2DModel, list[dict]]:  # fmt: skip
     """Phase 1 learns clean glyphs (one-cycle learning rate); phase 2 continues at a small constant
     rate with `label_noise` of the prompts replaced and the text encoder frozen, which weakens
     prompt following but keeps the glyphs clean. The EMA of the weights is what ships; the EMA
     transformer at the end of phase 1 ships too, as the teacher of on-policy distillation."""
     torch.manual_seed(config.seed)
-    policy = GlyphsPolicy(tiny_transformer(), CharEncoder())
+    policy = GlyphsPolicy(tiny_transformer().to(device), CharEncoder().to(device))
     ema = GlyphsPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
     params = [p for m in (policy.transformer, policy.text_encoder) for p in m.parameters()]
     ema_params = [p for m in (ema.transformer, ema.text_encoder) for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=config.clean_steps, pct_start=0.05)
+    sched = _one_cycle(opt, config.lr, config.clean_steps)
     prompts = PROMPT_SETS[config.prompt_set]
+    images, which = bank(prompts)
+    images, which = images.to(device), which.to(device)
     g = torch.Generator().manual_seed(config.seed + 1)
-    history = []
+    history, teacher, batch = [], copy.deepcopy(ema.transformer), 256
     total = config.clean_steps + config.noisy_steps
-    bar = tqdm(range(1, total + 1), desc="generator", dynamic_ncols=True)
+    bar = tqdm(range(1, total + 1), desc="generator", dynamic_ncols=True, mininterval=5)
     for step in bar:
         noisy = step > config.clean_steps
-        texts = [prompts[i] for i in torch.randint(0, len(prompts), (128,), generator=g)]
-        x0 = render(texts, seed=config.seed * 7919 + step)
+        index = torch.randint(0, len(images), (batch,), generator=g)
+        x0, label = images[index.to(device)], which[index.to(device)].tolist()
+        texts = [prompts[i] for i in label]
         if step == config.clean_steps + 1:  # phase 2 fixes the (EMA) text encoder: the teacher shares it
             teacher = copy.deepcopy(ema.transformer)
             policy.text_encoder.load_state_dict(ema.text_encoder.state_dict())
@@ -180,12 +285,12 @@ def train_generator(
             params = list(policy.transformer.parameters())
             ema_params = list(ema.transformer.parameters())
         if noisy:
-            shown = [prompts[i] for i in torch.randint(0, len(prompts), (128,), generator=g)]
-            mislabel = (torch.rand(128, generator=g) < config.label_noise).tolist()
+            shown = [prompts[i] for i in torch.randint(0, len(prompts), (batch,), generator=g)]
+            mislabel = (torch.rand(batch, generator=g) < config.label_noise).tolist()
             texts = [s if bad else t for t, s, bad in zip(texts, shown, mislabel)]
-        texts = [t if keep else "" for t, keep in zip(texts, (torch.rand(128, generator=g) > 0.1).tolist())]
-        noise = torch.randn(x0.shape, generator=g)
-        sigma = torch.sigmoid(torch.randn(128, generator=g))  # logit-normal
+        texts = [t if keep else "" for t, keep in zip(texts, (torch.rand(batch, generator=g) > 0.1).tolist())]
+        noise = torch.randn(x0.shape, generator=g).to(device)
+        sigma = torch.sigmoid(torch.randn(batch, generator=g)).to(device)  # logit-normal
         hidden, pooled = policy.text_encoder(policy.text_encoder.tokenize(texts))
         v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden, "pooled": pooled})
         loss = F.mse_loss(v, sde.velocity_target(x0, noise))
@@ -200,12 +305,13 @@ def train_generator(
             sched.step()
         with torch.no_grad():
             torch._foreach_lerp_(ema_params, params, 1 - config.ema)
-        bar.set_postfix(loss=f"{loss.item():.4f}")
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if step % config.eval_every == 0 or step == total:
-            reward = ode_reward(ema, recognizer, prompts, seeds=list(range(1000, 1008)))
-            history.append({"step": step, "phase": "noisy" if noisy else "clean", "loss": loss.item(),
-                            "ode_reward": reward})  # fmt: skip
-            bar.write(f"generator step {step} ({history[-1]['phase']}): loss {loss.item():.4f} ODE reward {reward:.3f}")
+            quality = evaluate_generator(ema, recognizer, gold, prompts, list(range(1000, 1008)), device)
+            history.append({"step": step, "phase": "noisy" if noisy else "clean", "loss": loss.item(), **quality})
+            bar.write(f"generator step {step} ({history[-1]['phase']}): loss {loss.item():.4f} "
+                      + " ".join(f"{k} {v:.3f}" for k, v in quality.items()))  # fmt: skip
             if config.snapshots:
                 ema.transformer.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "transformer")
                 ema.text_encoder.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "text_encoder")
@@ -213,20 +319,98 @@ def train_generator(
     return ema, teacher, history
 
 
+def fooling_runs(config: PretrainConfig, round_dir: Path) -> None:
+    """Train every fooling recipe for `fool_steps` against the recognizer in `out`, in parallel processes."""
+    out = Path(config.out).resolve()
+    options = {"glyph_ocr": {"path": str(out / "recognizer")}, "glyph_gold": {"path": str(out / "gold")}}
+    every = max(config.fool_steps // 3, 1)
+    procs = []
+    for recipe in config.fool_recipes:
+        command = [sys.executable, "-m", "omnialign", "train", recipe, f"model.path={out}",
+                   f"reward.options={json.dumps(options)}", f"trainer.output_dir={round_dir}",
+                   f"trainer.total_steps={config.fool_steps}", f"trainer.val_every={every}",
+                   f"trainer.save_every={config.fool_steps}", "trainer.save_val_images=true", "trainer.progress=false",
+                   "data.val_seeds=32"]  # fmt: skip
+        log = open(round_dir / f"{recipe}.log", "w")
+        procs.append((recipe, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())))
+    for recipe, proc in procs:
+        if proc.wait() != 0:
+            raise RuntimeError(f"fooling run {recipe} failed: see {round_dir / (recipe + '.log')}")
+
+
+@torch.no_grad()
+def find_fooling(round_dir: Path, recognizer: Recognizer, gold: GoldJudge, device: torch.device,
+                 threshold: float = 0.5) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    """Validation samples of the round's runs that the recognizer scores above `threshold` while the gold
+    judge does not read the prompted digit: (F, 1, SIZE, SIZE) in [-1, 1], and counts per run."""
+    found, counts = [], {}
+    for run in sorted(p for p in round_dir.iterdir() if p.is_dir()):
+        for path in sorted((run / "samples").glob("step_*.pt")):
+            saved = torch.load(path)
+            images = saved["images"].float().div(255).mul(2).sub(1).to(device)
+            prompts = saved["prompts"]
+            reward = recognizer.string_log_prob(images, prompts).exp()
+            target = torch.tensor([CHARSET.index(p) for p in prompts], device=device)
+            fooled = (reward > threshold) & (gold(images).argmax(-1) != target)
+            found.append(images[fooled].cpu())
+            c = counts.setdefault(run.name, {"samples": 0, "rewarded": 0, "fooling": 0})
+            c["samples"] += len(prompts)
+            c["rewarded"] += int((reward > threshold).sum())
+            c["fooling"] += int(fooled.sum())
+    return torch.cat(found), counts
+
+
 def prepare_glyphs(config: PretrainConfig) -> dict:
-    """Train both models, save them under config.out, and return the pretraining report."""
-    out = Path(config.out)
-    start = time.time()
-    recognizer = train_recognizer(config)
-    report = {"config": asdict(config), "recognizer": recognizer_accuracy(recognizer, config.seed)}
-    print("recognizer:", report["recognizer"])
-    policy, teacher, history = train_generator(config, recognizer)
-    report.update(generator=history, seconds=round(time.time() - start, 1))
+    """Train every model, save them under config.out, and return the pretraining report."""
+    out, device = Path(config.out), pick_device(config.device)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"config": asdict(config), "device": str(device), "seconds": {}}
+    clock = time.time()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        report["seconds"][name] = round(time.time() - clock, 1)
+        clock = time.time()
+        (out / "pretrain.json").write_text(json.dumps(report, indent=2))
+
+    gold = train_gold(config, device)
+    report["gold"] = gold_quality(gold, config.seed, device)
+    print("gold judge:", json.dumps(report["gold"]))
+    gold.save_pretrained(out / "gold")
+    lap("gold")
+    recognizer = train_recognizer(config, device, config.recognizer_steps)
+    report["recognizer"] = recognizer_quality(recognizer, config.seed, device)
+    print("recognizer:", json.dumps(report["recognizer"]))
     recognizer.save_pretrained(out / "recognizer")
+    lap("recognizer")
+    policy, teacher, history = train_generator(config, recognizer, gold, device)
+    report["generator"] = history
     policy.transformer.save_pretrained(out / "transformer")
     policy.text_encoder.save_pretrained(out / "text_encoder")
     teacher.save_pretrained(out / "teacher" / "transformer")
     policy.text_encoder.save_pretrained(out / "teacher" / "text_encoder")
+    lap("generator")
+    fooling = torch.zeros(0, 1, SIZE, SIZE)
+    report["fooling_rounds"] = []
+    for r in range(config.fool_rounds):
+        round_dir = out / "fooling_runs" / f"round_{r}"
+        round_dir.mkdir(parents=True, exist_ok=True)
+        fooling_runs(config, round_dir)
+        found, counts = find_fooling(round_dir, recognizer, gold, device)
+        rewarded = sum(c["rewarded"] for c in counts.values())
+        share = len(found) / max(rewarded, 1)
+        report["fooling_rounds"].append({"round": r, "runs": counts, "fooling_share": share})
+        print(f"fooling round {r}: {len(found)} of {rewarded} rewarded samples fool the recognizer ({share:.3f})")
+        lap(f"fooling_round_{r}")
+        if share <= config.fool_tolerance:
+            break
+        fooling = torch.cat([fooling, found])
+        recognizer = train_recognizer(config, device, config.refresh_steps, recognizer, fooling, lr=5e-4)
+        report["fooling_rounds"][-1]["recognizer_after"] = recognizer_quality(recognizer, config.seed, device)
+        recognizer.save_pretrained(out / "recognizer")
+        torch.save(fooling.add(1).mul(127.5).round().to(torch.uint8), out / "recognizer" / "fooling_samples.pt")
+        lap(f"refresh_{r}")
+    report["seconds"]["total"] = round(sum(report["seconds"].values()), 1)
     (out / "pretrain.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {out} in {report['seconds']} s; final ODE reward {history[-1]['ode_reward']:.3f}")
+    print(f"wrote {out} in {report['seconds']['total']} s")
     return report

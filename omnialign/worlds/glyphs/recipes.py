@@ -19,6 +19,7 @@ def glyphs() -> Config:
     c.rollout.eta = 1.0
     c.rollout.window_size = 4
     c.algorithm.clip_range = 1e-4
+    c.reward.gold = "glyph_gold"  # reported at validation only: the check that the reward is not fooled
     c.algorithm.kl_coef = 0.1  # keeps the glyphs' look: without it dotted textures creep in after ~100 steps
     c.actor.lr = 1e-4
     c.actor.micro_batch_size = 32

@@ -1,10 +1,10 @@
-"""The glyphs world's OCR: a small CNN reading up to two characters from a 32x32 image.
+"""The glyphs world's reward: a small CNN reading up to two characters from a 32x32 image.
 
 Each of `positions` heads classifies one character slot over CHARSET plus a blank. A string's
-probability is the product of its characters' probabilities and blanks for the unused slots.
-Trained by `omnialign prepare glyphs` on rendered glyphs with noise and texture augmentation,
-and on noise-only and texture-only negatives labelled all-blank, so that the textures a tiny
-generator could learn to paint do not read as characters.
+probability is the product of its characters' probabilities and blanks for the unused slots, so
+an image that is no string (all blanks) scores near 0 for every prompt. Trained by `omnialign
+prepare glyphs` on augmented renders and on the hard negatives of `data.negatives`, then
+fine-tuned on the samples with which RL fooled it (`recognizer/fooling_samples.pt`).
 """
 
 from functools import lru_cache
@@ -54,7 +54,10 @@ def load_recognizer(path: str = str(ASSETS / "recognizer"), device: torch.device
 
 
 @torch.no_grad()
-def glyph_ocr(images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None) -> list[float]:
-    """Reward: the recognizer's probability of the prompted string; images (B, 1, H, W) in [0, 1]."""
-    recognizer = load_recognizer(device=images.device)
+def glyph_ocr(
+    images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None, path: str | None = None
+) -> list[float]:
+    """Reward: the recognizer's probability of the prompted string; images (B, 1, H, W) in [0, 1].
+    `path`: another recognizer folder (default: the shipped one)."""
+    recognizer = load_recognizer(path or str(ASSETS / "recognizer"), images.device)
     return recognizer.string_log_prob(images * 2 - 1, prompts).exp().tolist()

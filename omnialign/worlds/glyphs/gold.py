@@ -1,0 +1,80 @@
+"""The glyphs world's gold judge: which digit an image shows, or that it shows none.
+
+A reward can be fooled, so a toy world's progress is judged by a model that no recipe trains or
+selects against. The gold judge is a different architecture from the reward's recognizer (a small
+residual network with batch norm and global pooling, against the recognizer's plain strided CNN
+with per-slot heads) and reads one digit or "not a digit" (class 10). `omnialign prepare glyphs`
+trains it on the renderer's digits under strong augmentation and on hard negatives (blobs, ovals
+with dots, textures, superposed and swollen digits, noise); its accuracy and not-a-digit rates are
+in `assets/pretrain.json`. Recipes report it at every validation (`reward.gold`), never train on it.
+"""
+
+from functools import lru_cache
+
+import torch
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+
+from omnialign.worlds.glyphs.data import ASSETS, CHARSET
+
+NOT_A_DIGIT = len(CHARSET)
+
+
+class Residual(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.body(x))
+
+
+class GoldJudge(ModelMixin, ConfigMixin):
+    @register_to_config
+    def __init__(self, width: int = 32, classes: int = len(CHARSET) + 1):
+        super().__init__()
+        w = width
+
+        def down(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
+            )
+
+        self.net = nn.Sequential(
+            nn.Conv2d(1, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(), Residual(w),
+            down(w, 2 * w), Residual(2 * w), down(2 * w, 4 * w), Residual(4 * w),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(4 * w, classes),
+        )  # fmt: skip
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 1, 32, 32) in [-1, 1] to logits (B, 11): digits 0-9, then not-a-digit."""
+        return self.net(images)
+
+
+@lru_cache(maxsize=4)
+def load_gold(path: str = str(ASSETS / "gold"), device: torch.device | None = None) -> GoldJudge:
+    return GoldJudge.from_pretrained(path).to(device).requires_grad_(False).eval()
+
+
+@torch.no_grad()
+def glyph_gold(
+    images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None, path: str | None = None
+) -> list[float]:
+    """`Scores`: 1.0 where the gold judge reads the prompted digit, else 0.0; info: what it reads ("-" for not a
+    digit) and `not_a_digit` (1.0 or 0.0). Images (B, 1, H, W) in [0, 1]; prompts single digits."""
+    from omnialign.rewards.base import Scores, images_of  # here: omnialign.rewards imports this world
+
+    images = images_of(images, "glyph_gold")
+    bad = [p for p in prompts if len(p) != 1 or p not in CHARSET]
+    if bad:
+        raise ValueError(f"glyph_gold reads one digit per image; prompts {bad[:3]} are not single digits "
+                         "(validate on data.val_prompts=digits, or set reward.gold=null)")  # fmt: skip
+    judge = load_gold(path or str(ASSETS / "gold"), images.device)
+    reads = judge(images.float() * 2 - 1).argmax(-1).tolist()
+    return Scores([float(r == CHARSET.index(p)) for r, p in zip(reads, prompts)],
+                  [{"reads": "-" if r == NOT_A_DIGIT else CHARSET[r], "not_a_digit": float(r == NOT_A_DIGIT)}
+                   for r in reads])  # fmt: skip
