@@ -185,6 +185,9 @@ class AlgorithmConfig:
     """DPO loss: sigmoid, ipo or hinge."""
     label_smoothing: float = 0.0
     """DPO label smoothing (conservative DPO)."""
+    dpo_min_gap: float = 0.0
+    """Diffusion-DPO: pairs whose reward gap (winner - loser) is below this get no loss (ties once most samples of a
+    prompt are right carry no preference, and training on them lets the policy drift)."""
     average_log_prob: bool = False
     """Language DPO: mean instead of sum of response-token log-probs (true reproduces published IPO, which averages)."""
     timestep_mean: float = 0.0

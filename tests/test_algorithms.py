@@ -170,3 +170,24 @@ def test_distillation_kls():
     assert distill.reverse_kl(teacher, teacher).item() == pytest.approx(0.0, abs=1e-7)
     torch.testing.assert_close(distill.sampled_reverse_kl(t(-1.0), t(-3.0)), t(2.0))
     torch.testing.assert_close(distill.diffusion_distill(torch.ones(1, 2), torch.zeros(1, 2), t(1.0)), t(0.5))
+
+
+def test_dpo_min_gap_gives_tied_pairs_no_loss():
+    """algorithm.dpo_min_gap: a pair whose reward gap is under it gets loss 0; the others keep DPO's log 2
+    (at the first step the policy is its reference)."""
+    from omnialign.config import apply_overrides, validate
+    from omnialign.engine import dist
+    from omnialign.recipes import RECIPES
+    from omnialign.trainer.build import build_policy
+    from omnialign.trainer.objectives import dpo_objective, pair_batch
+
+    config = validate(apply_overrides(RECIPES["glyphs_online_dpo"](), ["algorithm.dpo_min_gap=0.1"]))
+    policy, contexts = build_policy(config, dist.init())
+    g = torch.Generator().manual_seed(0)
+    cond = policy.encode_prompts(["1", "1", "2", "2", "3", "3"])
+    scores = torch.tensor([1.0, 0.0, 0.95, 0.9, 0.6, 0.4])  # gaps 1.0, 0.05 (a tie) and 0.2
+    batch = pair_batch(torch.randn(6, 1, 32, 32, generator=g), cond, scores, g, config, policy.train_sigmas())
+    inputs = {k: getattr(batch, k) for k in ("x0", "noise", "sigma", "cond", "scores")}
+    loss, metrics, _ = dpo_objective(policy, config, contexts["reference"]).fn(inputs)
+    torch.testing.assert_close(loss, torch.tensor([math.log(2), 0.0, math.log(2)]), atol=1e-5, rtol=0)
+    assert metrics["dpo/kept"].tolist() == [1.0, 0.0, 1.0]

@@ -176,9 +176,12 @@ def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -
             e_ref = errors(x0, noise, sigma, cond).view(-1, 2)
         loss, metrics = preference.dpo_loss(-e[:, 0] / 2, -e[:, 1] / 2, -e_ref[:, 0] / 2, -e_ref[:, 1] / 2,
                                             a.dpo_beta, a.dpo_loss, a.label_smoothing)  # fmt: skip
+        if a.dpo_min_gap > 0:
+            keep = (inputs["scores"][:, 0] - inputs["scores"][:, 1] >= a.dpo_min_gap).float()
+            loss, metrics["dpo/kept"] = loss * keep, keep
         return loss, metrics, {"errors": e.detach(), "ref_errors": e_ref}
 
-    return Objective(fn, resident=("x0", "noise", "sigma", "cond"))
+    return Objective(fn, resident=("x0", "noise", "sigma", "cond", "scores"))
 
 
 def pair_batch(

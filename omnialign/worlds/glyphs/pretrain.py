@@ -54,6 +54,8 @@ from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
 from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, SD3Transformer2DModel, tiny_transformer
 from omnialign.worlds.glyphs.recognizer import Recognizer
 
+STAGES = ("gold", "recognizer", "teacher", "base", "fooling")
+
 
 @dataclass
 class PretrainConfig:
@@ -68,9 +70,13 @@ class PretrainConfig:
     recognizer_steps: int = 3000
     """Optimizer steps of the recognizer (batch 256)."""
     clean_steps: int = 8000
-    """Generator steps on correctly labelled glyphs (batch 256, one-cycle learning rate)."""
+    """Teacher: generator steps on correctly labelled glyphs (batch 256, one-cycle learning rate)."""
     noisy_steps: int = 600
-    """Then steps with `label_noise` of the prompts replaced by random ones, at `noisy_lr`."""
+    """Base: steps from the teacher with `label_noise` of the prompts replaced by random ones, at `noisy_lr`."""
+    noisy_batch: int = 128
+    """Batch of the base's steps."""
+    noisy_ema: float = 0.995
+    """EMA decay of the base's steps (the EMA starts at the teacher)."""
     label_noise: float = 0.6
     """Share of prompts replaced in the second phase: the base follows its prompt only partly."""
     lr: float = 1e-3
@@ -78,7 +84,9 @@ class PretrainConfig:
     noisy_lr: float = 2e-4
     """Constant learning rate of the second phase."""
     ema: float = 0.999
-    """Decay of the exponential moving average of the generator's weights (what ships)."""
+    """Decay of the exponential moving average of the teacher's weights (what ships)."""
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    """Stages to run, in order; a stage that does not run loads its output from `out` (see `STAGES`)."""
     eval_every: int = 1000
     """Evaluate the generator (reward, gold accuracy, not-a-digit) every this many steps."""
     snapshots: str | None = None
@@ -135,7 +143,7 @@ def train_gold(config: PretrainConfig, device: torch.device) -> GoldJudge:
     for _ in bar:
         pos, labels = digit_batch(digits, 154, g)
         x = torch.cat([pos, pick(pool, 102, g, 0.5)])
-        y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT)]).to(device)
+        y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT, device=device)])
         loss = F.cross_entropy(model(x), y, label_smoothing=0.05)
         opt.zero_grad()
         loss.backward()
@@ -253,40 +261,41 @@ def evaluate_generator(policy: GlyphsPolicy, recognizer: Recognizer, gold: GoldJ
             "not_a_digit": (reads == NOT_A_DIGIT).float().mean().item()}  # fmt: skip
 
 
-def train_generator(config: PretrainConfig, recognizer: Recognizer, gold: GoldJudge, device: torch.device
-                    ) -> tuple[GlyphsPolicy, SD3Transformer2DModel, list[dict]]:  # fmt: skip
-    """Phase 1 learns clean glyphs (one-cycle learning rate); phase 2 continues at a small constant
-    rate with `label_noise` of the prompts replaced and the text encoder frozen, which weakens
-    prompt following but keeps the glyphs clean. The EMA of the weights is what ships; the EMA
-    transformer at the end of phase 1 ships too, as the teacher of on-policy distillation."""
-    torch.manual_seed(config.seed)
-    policy = GlyphsPolicy(tiny_transformer().to(device), CharEncoder().to(device))
+def train_flow(
+    config: PretrainConfig,
+    policy: GlyphsPolicy,
+    steps: int,
+    batch: int,
+    label_noise: float,
+    ema_decay: float,
+    lr: float,
+    one_cycle: bool,
+    judges: tuple[Recognizer, GoldJudge],
+    device: torch.device,
+    seed: int,
+) -> tuple[GlyphsPolicy, list[dict]]:
+    """Rectified flow on the renderer's images of the prompt set (logit-normal t, 10% empty prompts),
+    a share `label_noise` of the prompts replaced by random ones; trains what requires grad. Returns
+    the EMA of the weights (decay `ema_decay`) and its evaluations every `eval_every` steps."""
     ema = GlyphsPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
-    params = [p for m in (policy.transformer, policy.text_encoder) for p in m.parameters()]
-    ema_params = [p for m in (ema.transformer, ema.text_encoder) for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    sched = _one_cycle(opt, config.lr, config.clean_steps)
+    modules = (policy.transformer, policy.text_encoder)
+    pairs = [(p, q) for m, e in zip(modules, (ema.transformer, ema.text_encoder))
+             for p, q in zip(m.parameters(), e.parameters()) if p.requires_grad]  # fmt: skip
+    params, ema_params = [p for p, _ in pairs], [q for _, q in pairs]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = _one_cycle(opt, lr, steps) if one_cycle else None
     prompts = PROMPT_SETS[config.prompt_set]
     images, which = bank(prompts)
     images, which = images.to(device), which.to(device)
-    g = torch.Generator().manual_seed(config.seed + 1)
-    history, teacher, batch = [], copy.deepcopy(ema.transformer), 256
-    total = config.clean_steps + config.noisy_steps
-    bar = tqdm(range(1, total + 1), desc="generator", dynamic_ncols=True, mininterval=5)
+    g = torch.Generator().manual_seed(seed)
+    history = []
+    bar = tqdm(range(1, steps + 1), desc="generator", dynamic_ncols=True, mininterval=5)
     for step in bar:
-        noisy = step > config.clean_steps
-        index = torch.randint(0, len(images), (batch,), generator=g)
-        x0, label = images[index.to(device)], which[index.to(device)].tolist()
-        texts = [prompts[i] for i in label]
-        if step == config.clean_steps + 1:  # phase 2 fixes the (EMA) text encoder: the teacher shares it
-            teacher = copy.deepcopy(ema.transformer)
-            policy.text_encoder.load_state_dict(ema.text_encoder.state_dict())
-            policy.text_encoder.requires_grad_(False)
-            params = list(policy.transformer.parameters())
-            ema_params = list(ema.transformer.parameters())
-        if noisy:
+        index = torch.randint(0, len(images), (batch,), generator=g).to(device)
+        x0, texts = images[index], [prompts[i] for i in which[index].tolist()]
+        if label_noise:
             shown = [prompts[i] for i in torch.randint(0, len(prompts), (batch,), generator=g)]
-            mislabel = (torch.rand(batch, generator=g) < config.label_noise).tolist()
+            mislabel = (torch.rand(batch, generator=g) < label_noise).tolist()
             texts = [s if bad else t for t, s, bad in zip(texts, shown, mislabel)]
         texts = [t if keep else "" for t, keep in zip(texts, (torch.rand(batch, generator=g) > 0.1).tolist())]
         noise = torch.randn(x0.shape, generator=g).to(device)
@@ -296,27 +305,44 @@ def train_generator(config: PretrainConfig, recognizer: Recognizer, gold: GoldJu
         loss = F.mse_loss(v, sde.velocity_target(x0, noise))
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if noisy:
-            for group in opt.param_groups:
-                group["lr"] = config.noisy_lr
-        else:
+        if sched is not None:
             sched.step()
         with torch.no_grad():
-            torch._foreach_lerp_(ema_params, params, 1 - config.ema)
+            torch._foreach_lerp_(ema_params, params, 1 - ema_decay)
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-        if step % config.eval_every == 0 or step == total:
-            quality = evaluate_generator(ema, recognizer, gold, prompts, list(range(1000, 1008)), device)
-            history.append({"step": step, "phase": "noisy" if noisy else "clean", "loss": loss.item(), **quality})
-            bar.write(f"generator step {step} ({history[-1]['phase']}): loss {loss.item():.4f} "
-                      + " ".join(f"{k} {v:.3f}" for k, v in quality.items()))  # fmt: skip
+        if step % config.eval_every == 0 or step == steps:
+            quality = evaluate_generator(ema, *judges, prompts, list(range(1000, 1008)), device)
+            history.append({"step": step, "loss": loss.item(), **quality})
+            bar.write(
+                f"generator step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
+            )
             if config.snapshots:
                 ema.transformer.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "transformer")
                 ema.text_encoder.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "text_encoder")
-    ema.text_encoder.requires_grad_(False).eval()
-    return ema, teacher, history
+    return ema, history
+
+
+def train_teacher(config: PretrainConfig, judges: tuple[Recognizer, GoldJudge], device: torch.device
+                  ) -> tuple[GlyphsPolicy, list[dict]]:  # fmt: skip
+    """The prompt-faithful generator: `clean_steps` on correctly labelled glyphs, one-cycle learning rate."""
+    torch.manual_seed(config.seed)
+    policy = GlyphsPolicy(tiny_transformer().to(device), CharEncoder().to(device))
+    return train_flow(config, policy, config.clean_steps, 256, 0.0, config.ema, config.lr, True, judges, device,
+                      config.seed + 1)  # fmt: skip
+
+
+def train_base(config: PretrainConfig, teacher: GlyphsPolicy, judges: tuple[Recognizer, GoldJudge],
+               device: torch.device) -> tuple[GlyphsPolicy, list[dict]]:  # fmt: skip
+    """The shipped base: the teacher fine-tuned for `noisy_steps` with `label_noise` of its prompts
+    replaced, at a small constant rate and with the text encoder frozen. Its glyphs stay clean while
+    it forgets part of its prompt following."""
+    policy = GlyphsPolicy(copy.deepcopy(teacher.transformer).requires_grad_(True),
+                          copy.deepcopy(teacher.text_encoder).requires_grad_(False))  # fmt: skip
+    return train_flow(config, policy, config.noisy_steps, config.noisy_batch, config.label_noise, config.noisy_ema,
+                      config.noisy_lr, False, judges, device, config.seed + 2)  # fmt: skip
 
 
 def fooling_runs(config: PretrainConfig, round_dir: Path) -> None:
@@ -360,11 +386,27 @@ def find_fooling(round_dir: Path, recognizer: Recognizer, gold: GoldJudge, devic
     return torch.cat(found), counts
 
 
+def load_policy(root: Path, device: torch.device) -> GlyphsPolicy:
+    transformer = SD3Transformer2DModel.from_pretrained(root / "transformer").to(device)
+    return GlyphsPolicy(transformer, CharEncoder.from_pretrained(root / "text_encoder").to(device))
+
+
+def save_policy(policy: GlyphsPolicy, root: Path) -> None:
+    policy.transformer.save_pretrained(root / "transformer")
+    policy.text_encoder.save_pretrained(root / "text_encoder")
+
+
 def prepare_glyphs(config: PretrainConfig) -> dict:
-    """Train every model, save them under config.out, and return the pretraining report."""
+    """Run `config.stages` (each saves its models under config.out; a stage not run loads them from there)
+    and return the pretraining report, `pretrain.json`, which keeps the entries of earlier calls."""
     out, device = Path(config.out), pick_device(config.device)
     out.mkdir(parents=True, exist_ok=True)
-    report: dict = {"config": asdict(config), "device": str(device), "seconds": {}}
+    unknown = sorted(set(config.stages) - set(STAGES))
+    if unknown:
+        raise ValueError(f"stages {unknown} unknown: choose from {', '.join(STAGES)}")
+    report = json.loads((out / "pretrain.json").read_text()) if (out / "pretrain.json").exists() else {}
+    report.setdefault("seconds", {})
+    report[f"config/{'+'.join(config.stages)}"] = {**asdict(config), "device": str(device)}
     clock = time.time()
 
     def lap(name: str) -> None:
@@ -373,44 +415,58 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         clock = time.time()
         (out / "pretrain.json").write_text(json.dumps(report, indent=2))
 
-    gold = train_gold(config, device)
-    report["gold"] = gold_quality(gold, config.seed, device)
-    print("gold judge:", json.dumps(report["gold"]))
-    gold.save_pretrained(out / "gold")
-    lap("gold")
-    recognizer = train_recognizer(config, device, config.recognizer_steps)
-    report["recognizer"] = recognizer_quality(recognizer, config.seed, device)
-    print("recognizer:", json.dumps(report["recognizer"]))
-    recognizer.save_pretrained(out / "recognizer")
-    lap("recognizer")
-    policy, teacher, history = train_generator(config, recognizer, gold, device)
-    report["generator"] = history
-    policy.transformer.save_pretrained(out / "transformer")
-    policy.text_encoder.save_pretrained(out / "text_encoder")
-    teacher.save_pretrained(out / "teacher" / "transformer")
-    policy.text_encoder.save_pretrained(out / "teacher" / "text_encoder")
-    lap("generator")
-    fooling = torch.zeros(0, 1, SIZE, SIZE)
-    report["fooling_rounds"] = []
-    for r in range(config.fool_rounds):
+    if "gold" in config.stages:
+        gold = train_gold(config, device)
+        report["gold"] = gold_quality(gold, config.seed, device)
+        print("gold judge:", json.dumps(report["gold"]))
+        gold.save_pretrained(out / "gold")
+        lap(f"gold ({device.type})")
+    gold = GoldJudge.from_pretrained(out / "gold").to(device).eval()
+    if "recognizer" in config.stages:
+        recognizer = train_recognizer(config, device, config.recognizer_steps)
+        report["recognizer"] = recognizer_quality(recognizer, config.seed, device)
+        print("recognizer:", json.dumps(report["recognizer"]))
+        recognizer.save_pretrained(out / "recognizer")
+        lap(f"recognizer ({device.type})")
+    recognizer = Recognizer.from_pretrained(out / "recognizer").to(device).eval()
+    if "teacher" in config.stages:
+        teacher, report["teacher"] = train_teacher(config, (recognizer, gold), device)
+        save_policy(teacher, out / "teacher")
+        lap(f"teacher ({device.type})")
+    if "base" in config.stages:
+        base, report["base"] = train_base(config, load_policy(out / "teacher", device), (recognizer, gold), device)
+        save_policy(base, out)
+        lap(f"base ({device.type})")
+    if "fooling" in config.stages:
+        harden_recognizer(config, out, recognizer, gold, device, report, lap)
+    report["seconds"]["total"] = round(sum(v for k, v in report["seconds"].items() if k != "total"), 1)
+    (out / "pretrain.json").write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}; seconds per stage: {report['seconds']}")
+    return report
+
+
+def harden_recognizer(config: PretrainConfig, out: Path, recognizer: Recognizer, gold: GoldJudge,
+                      device: torch.device, report: dict, lap) -> None:  # fmt: skip
+    """Fooling rounds (see the module docstring), continuing the bank and the rounds of earlier calls."""
+    bank_path = out / "recognizer" / "fooling_samples.pt"
+    fooling = torch.load(bank_path).float().div(127.5).sub(1) if bank_path.exists() else torch.zeros(0, 1, SIZE, SIZE)
+    rounds = report.setdefault("fooling_rounds", [])
+    for r in range(len(rounds), len(rounds) + config.fool_rounds):
         round_dir = out / "fooling_runs" / f"round_{r}"
         round_dir.mkdir(parents=True, exist_ok=True)
         fooling_runs(config, round_dir)
         found, counts = find_fooling(round_dir, recognizer, gold, device)
         rewarded = sum(c["rewarded"] for c in counts.values())
         share = len(found) / max(rewarded, 1)
-        report["fooling_rounds"].append({"round": r, "runs": counts, "fooling_share": share})
+        rounds.append({"round": r, "runs": counts, "fooling_share": share})
         print(f"fooling round {r}: {len(found)} of {rewarded} rewarded samples fool the recognizer ({share:.3f})")
-        lap(f"fooling_round_{r}")
+        lap(f"fooling_round_{r} ({device.type})")
         if share <= config.fool_tolerance:
             break
         fooling = torch.cat([fooling, found])
         recognizer = train_recognizer(config, device, config.refresh_steps, recognizer, fooling, lr=5e-4)
-        report["fooling_rounds"][-1]["recognizer_after"] = recognizer_quality(recognizer, config.seed, device)
+        rounds[-1]["recognizer_after"] = recognizer_quality(recognizer, config.seed, device)
+        print("recognizer after the round:", json.dumps(rounds[-1]["recognizer_after"]))
         recognizer.save_pretrained(out / "recognizer")
-        torch.save(fooling.add(1).mul(127.5).round().to(torch.uint8), out / "recognizer" / "fooling_samples.pt")
-        lap(f"refresh_{r}")
-    report["seconds"]["total"] = round(sum(report["seconds"].values()), 1)
-    (out / "pretrain.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {out} in {report['seconds']['total']} s")
-    return report
+        torch.save(fooling.add(1).mul(127.5).round().to(torch.uint8), bank_path)
+        lap(f"refresh_{r} ({device.type})")

@@ -98,6 +98,7 @@ def glyphs_online_dpo() -> Config:
     """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against the base model (beta 200)."""
     c = _variant("glyphs_online_dpo", "online_dpo")
     c.rollout.window_size = 0
+    c.algorithm.dpo_min_gap = 0.1  # without it the pairs of saturated prompts are ties and 300 GPU steps collapsed
     c.algorithm.dpo_beta = 200.0  # at 100 (and 400) the recognizer is partly fooled by dotted textures
     c.actor.micro_batch_size = 8
     c.actor.mini_batch_size = None
