@@ -1,4 +1,5 @@
-"""The glyphs world: renderer, tiny policy twin, shipped weights, recognizer."""
+"""The glyphs world: renderer, augmentation and negatives, tiny policy twin, shipped weights, the reward's
+recognizer, the gold judge and the pretraining script."""
 
 import json
 
@@ -6,10 +7,12 @@ import pytest
 import torch
 
 from omnialign.config import ModelConfig
+from omnialign.diffusion.sampling import sample
 from omnialign.worlds.glyphs import model as glyphs
-from omnialign.worlds.glyphs.data import PROMPT_SETS, SIZE, render
-from omnialign.worlds.glyphs.pretrain import textures
-from omnialign.worlds.glyphs.recognizer import glyph_ocr, load_recognizer
+from omnialign.worlds.glyphs.data import ASSETS, NEGATIVE_KINDS, PROMPT_SETS, SIZE, augment, negatives, render, variants
+from omnialign.worlds.glyphs.gold import glyph_gold
+from omnialign.worlds.glyphs.pretrain import PretrainConfig, prepare_glyphs
+from omnialign.worlds.glyphs.recognizer import glyph_ocr
 
 
 def test_render_is_seeded_and_scaled():
@@ -42,21 +45,80 @@ def test_bad_prompt_and_missing_model_fail_clearly(tmp_path):
         glyphs.load(ModelConfig(path=str(tmp_path)))
 
 
-def test_shipped_recognizer_reads_renders_and_rejects_textures():
+def test_variants_are_every_render():
+    """`render` only ever draws one of `variants` (what pretraining samples from), and every variant is distinct."""
+    bank = variants("7")
+    assert bank.shape == (250, 1, SIZE, SIZE) and len(torch.unique(bank.flatten(1), dim=0)) == 250
+    drawn = render(["7"] * 20, seed=3)
+    assert all((bank == image).flatten(1).all(1).any() for image in drawn)
+
+
+def test_augment_and_negatives_are_seeded_images():
+    g = torch.Generator().manual_seed(0)
+    images = augment(render(list("0123"), seed=1), g)
+    assert images.shape == (4, 1, SIZE, SIZE) and images.min() >= -1 and images.max() <= 1
+    torch.testing.assert_close(images, augment(render(list("0123"), seed=1), torch.Generator().manual_seed(0)))
+    neg, kind = negatives(90, torch.Generator().manual_seed(1))
+    assert neg.shape == (90, 1, SIZE, SIZE) and set(kind.tolist()) == set(range(len(NEGATIVE_KINDS)))
+
+
+def test_shipped_gold_judge_reads_renders_and_rejects_negatives():
+    """The issue's bar: at least 0.97 on the renderer's images, at least 95% of negatives not a digit."""
+    texts = PROMPT_SETS["digits"] * 30
+    images = (render(texts, seed=4242) + 1) / 2
+    assert sum(glyph_gold(images, texts)) / len(texts) >= 0.97
+    wrong = [str((int(t) + 3) % 10) for t in texts]
+    assert sum(glyph_gold(images, wrong)) == 0
+    neg, kind = negatives(600, torch.Generator().manual_seed(4243))
+    verdict = glyph_gold((neg + 1) / 2, ["8"] * 600)
+    not_a_digit = torch.tensor([i["not_a_digit"] for i in verdict.info])
+    assert not_a_digit.mean() >= 0.95 and {i["reads"] for i in verdict.info} >= {"-"}
+    with pytest.raises(ValueError, match="single digits"):
+        glyph_gold(images[:1], ["12"])
+
+
+def test_shipped_recognizer_reads_renders_and_rejects_negatives():
+    """Blobs, ovals with dots, textures and superposed digits score near 0 for every digit."""
     texts = PROMPT_SETS["digits"] * 5 + PROMPT_SETS["pairs"][::10]
     images = (render(texts, seed=123) + 1) / 2
     probs = torch.tensor(glyph_ocr(images, texts))
     assert probs[:50].mean() > 0.95 and probs[50:].mean() > 0.9
     wrong = torch.tensor(glyph_ocr(images[:50], [str((int(t) + 1) % 10) for t in texts[:50]]))
     assert wrong.mean() < 0.05
-    noise = (textures(40, torch.Generator().manual_seed(9)) + 1) / 2
-    assert torch.tensor(glyph_ocr(noise, ["3"] * 40)).mean() < 0.05
-    recognizer = load_recognizer()
-    assert recognizer.string_log_prob(noise * 2 - 1, [""] * 40).exp().mean() > 0.9
+    neg, _ = negatives(200, torch.Generator().manual_seed(9))
+    best = torch.stack([torch.tensor(glyph_ocr((neg + 1) / 2, [d] * 200)) for d in PROMPT_SETS["digits"]]).amax(0)
+    assert best.mean() < 0.05
 
 
-def test_shipped_base_model_is_imperfect_by_design():
-    report = json.loads((glyphs.ASSETS / "pretrain.json").read_text())
-    assert 0.3 <= report["generator"][-1]["ode_reward"] <= 0.7
+def test_shipped_base_model_is_legible_and_imperfect_by_design():
+    """ODE samples of the shipped base: the gold judge reads most as digits (at most 20% not a digit) but the
+    prompted digit only part of the time (the issue's floor 0.35), as its pretraining report says."""
     policy = glyphs.load()
     assert sum(p.numel() for p in policy.transformer.parameters()) < 2_000_000
+    texts = [d for d in PROMPT_SETS["digits"] for _ in range(8)]
+    generators = [torch.Generator().manual_seed(2**40 + i) for i in range(len(texts))]
+    with torch.no_grad():
+        out = sample(policy.velocity, generators, (1, SIZE, SIZE), policy.schedule(10, SIZE, SIZE),
+                     policy.encode_prompts(texts))  # fmt: skip
+    verdict = glyph_gold(policy.decode(out.final), texts)
+    accuracy, not_a_digit = sum(verdict) / len(texts), sum(i["not_a_digit"] for i in verdict.info) / len(texts)
+    assert 0.35 <= accuracy <= 0.75 and not_a_digit <= 0.2, (accuracy, not_a_digit)
+    report = json.loads((ASSETS / "pretrain.json").read_text())
+    assert 0.35 <= report["base"][-1]["gold_accuracy"] <= 0.75 and report["base"][-1]["not_a_digit"] <= 0.2
+    assert report["gold"]["accuracy/renders"] >= 0.97 and report["gold"]["not_a_digit/all_negatives"] >= 0.95
+
+
+def test_prepare_glyphs_stages_write_loadable_models(tmp_path):
+    """A few steps of each model stage (the full run is documented in pretrain.py): everything loads back."""
+    config = PretrainConfig(out=str(tmp_path), device="cpu", gold_steps=2, recognizer_steps=2, clean_steps=2,
+                            noisy_steps=2, eval_every=2, stages=["gold", "recognizer", "teacher", "base"])  # fmt: skip
+    report = prepare_glyphs(config)
+    assert set(report["seconds"]) >= {"gold (cpu)", "recognizer (cpu)", "teacher (cpu)", "base (cpu)", "total"}
+    assert report["base"][-1]["step"] == 2 and 0 <= report["base"][-1]["not_a_digit"] <= 1
+    policy = glyphs.load(ModelConfig(path=str(tmp_path)))
+    assert policy.encode_prompts(["3"])["hidden"].shape[0] == 1
+    teacher = glyphs.load(ModelConfig(path=str(tmp_path / "teacher")))
+    torch.testing.assert_close(teacher.encode_prompts(["3"])["hidden"], policy.encode_prompts(["3"])["hidden"])
+    assert sum(glyph_gold(torch.zeros(1, 1, SIZE, SIZE), ["3"], path=str(tmp_path / "gold"))) in (0.0, 1.0)
+    with pytest.raises(ValueError, match="unknown"):
+        prepare_glyphs(PretrainConfig(out=str(tmp_path), stages=["nothing"]))

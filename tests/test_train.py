@@ -19,6 +19,7 @@ from omnialign.recipes import RECIPES
 from omnialign.rollout.diffusion import generate
 from omnialign.train import main
 from omnialign.trainer import actor, objectives
+from omnialign.worlds.glyphs import glyph_gold
 from omnialign.worlds.glyphs import model as glyphs
 
 
@@ -41,7 +42,7 @@ def assert_debug_runs_match(a_dir, b_dir):
 
 
 def test_debug_run_writes_every_output(tmp_path):
-    summary = main(debug_config(tmp_path))
+    summary = main(debug_config(tmp_path, "trainer.save_val_images=true"))
     run = tmp_path / "debug"
     assert json.loads((run / "config.json").read_text())["rollout"]["n"] == 4
     records = read_metrics(run / "metrics.jsonl")
@@ -56,6 +57,14 @@ def test_debug_run_writes_every_output(tmp_path):
     assert (run / "reward_curve.png").exists()
     assert checkpoint.latest(run).name == "step_000002"
     assert summary["val_before"] == records[0]["val/reward/mean"] and summary["metric"] == "val/reward/mean"
+    # the gold judge is reported beside the reward, and the saved validation images reproduce both
+    saved = torch.load(run / "samples" / "step_000002.pt")
+    assert saved["images"].dtype == torch.uint8 and saved["images"].shape == (10, 1, 32, 32)
+    assert saved["prompts"] == list("0123456789")
+    images = saved["images"].float() / 255
+    assert abs(sum(glyph_gold(images, saved["prompts"])) / 10 - records[2]["val/gold/accuracy"]) < 1e-6
+    assert 0 <= records[2]["val/gold/not_a_digit"] <= 1
+    assert summary["val/gold/accuracy_after"] == records[2]["val/gold/accuracy"]
 
 
 def test_first_replay_reproduces_rollout_log_probs():

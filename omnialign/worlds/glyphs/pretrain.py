@@ -71,7 +71,7 @@ class PretrainConfig:
     """Optimizer steps of the recognizer (batch 256)."""
     clean_steps: int = 8000
     """Teacher: generator steps on correctly labelled glyphs (batch 256, one-cycle learning rate)."""
-    noisy_steps: int = 600
+    noisy_steps: int = 400
     """Base: steps from the teacher with `label_noise` of the prompts replaced by random ones, at `noisy_lr`."""
     noisy_batch: int = 128
     """Batch of the base's steps."""
@@ -95,7 +95,7 @@ class PretrainConfig:
     """Prompts the generator learns (see `PROMPT_SETS`)."""
     fool_rounds: int = 3
     """Most rounds of RL against the recognizer (0: none)."""
-    fool_recipes: list[str] = field(default_factory=lambda: ["glyphs_online_dpo", "glyphs_nft", "glyphs_grpo_guard"])
+    fool_recipes: list[str] = field(default_factory=lambda: ["glyphs_online_dpo"])
     """Recipes whose runs look for fooling samples, in parallel processes."""
     fool_steps: int = 300
     """Training steps of each fooling run (validation at 0, 1/3, 2/3 and the end, 32 seeds per digit)."""
@@ -135,7 +135,7 @@ def train_gold(config: PretrainConfig, device: torch.device) -> GoldJudge:
     g = torch.Generator().manual_seed(config.seed + 11)
     torch.manual_seed(config.seed + 11)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
-    pool = negative_pool(50_000, config.seed + 12, device)
+    pool = negative_pool(min(50_000, 200 * config.gold_steps), config.seed + 12, device)  # drawn once, reused
     model = GoldJudge().to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
     sched = _one_cycle(opt, 2e-3, config.gold_steps)
@@ -206,7 +206,7 @@ def train_recognizer(config: PretrainConfig, device: torch.device, steps: int, m
     strings = (torch.cat([strings[0][singles].repeat(repeat, 1, 1, 1), strings[0][~singles]]),
                torch.cat([strings[1][singles].repeat(repeat), strings[1][~singles]]))  # fmt: skip
     strings = (strings[0].to(device), strings[1])
-    pool = negative_pool(50_000, config.seed + 24, device)
+    pool = negative_pool(min(50_000, 200 * steps), config.seed + 24, device)
     fooling = None if fooling is None else fooling.to(device)
     model = (model or Recognizer()).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
