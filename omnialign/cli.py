@@ -54,7 +54,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     config = PretrainConfig()
     keys = ("out", "seed", "device", "stages", "gold_steps", "recognizer_steps", "clean_steps", "noisy_steps",
             "noisy_batch", "noisy_ema", "noisy_lr", "label_noise", "eval_every", "snapshots", "fool_rounds",
-            "fool_recipes", "fool_steps", "refresh_steps")  # fmt: skip
+            "fool_recipes", "fool_steps", "refresh_steps", "rl_negatives", "rl_negative_steps")  # fmt: skip
     for key in keys:
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
@@ -217,10 +217,16 @@ def parser() -> argparse.ArgumentParser:
                  "fool-steps", "refresh-steps"):  # fmt: skip
         pr.add_argument(f"--{name}", type=int)
     pr.add_argument("--label-noise", type=float)
+    pr.add_argument(
+        "--rl-negatives", help="uint8 images (N, 1, 32, 32) a person judged not digits (stage rl_negatives)"
+    )
+    pr.add_argument("--rl-negative-steps", type=int)
     pr.add_argument("--noisy-ema", type=float)
     pr.add_argument("--noisy-lr", type=float)
     pr.add_argument("--noisy-batch", type=int)
-    pr.add_argument("--stages", nargs="+", help="stages to run (gold recognizer teacher base fooling; default all)")
+    pr.add_argument(
+        "--stages", nargs="+", help="stages to run (gold recognizer teacher base fooling rl_negatives; default all)"
+    )
     pr.add_argument("--snapshots", help="also save the EMA generator at every evaluation under this folder")
     pr.add_argument("--fool-recipes", nargs="+", help="recipes whose RL runs look for samples that fool the reward")
     pr.set_defaults(fn=cmd_prepare)

@@ -182,12 +182,14 @@ def test_dpo_min_gap_gives_tied_pairs_no_loss():
     from omnialign.trainer.objectives import dpo_objective, pair_batch
 
     config = validate(apply_overrides(RECIPES["glyphs_online_dpo"](), ["algorithm.dpo_min_gap=0.1"]))
-    policy, contexts = build_policy(config, dist.init())
+    world = dist.init()
+    policy, contexts = build_policy(config, world)
     g = torch.Generator().manual_seed(0)
-    cond = policy.encode_prompts(["1", "1", "2", "2", "3", "3"])
-    scores = torch.tensor([1.0, 0.0, 0.95, 0.9, 0.6, 0.4])  # gaps 1.0, 0.05 (a tie) and 0.2
-    batch = pair_batch(torch.randn(6, 1, 32, 32, generator=g), cond, scores, g, config, policy.train_sigmas())
+    cond = policy.encode_prompts(["1", "1", "2", "2", "3", "3"]).to(world.device)
+    scores = torch.tensor([1.0, 0.0, 0.95, 0.9, 0.6, 0.4], device=world.device)  # gaps 1.0, 0.05 (a tie) and 0.2
+    x0 = torch.randn(6, 1, 32, 32, generator=g).to(world.device)
+    batch = pair_batch(x0, cond, scores, g, config, policy.train_sigmas())
     inputs = {k: getattr(batch, k) for k in ("x0", "noise", "sigma", "cond", "scores")}
     loss, metrics, _ = dpo_objective(policy, config, contexts["reference"]).fn(inputs)
-    torch.testing.assert_close(loss, torch.tensor([math.log(2), 0.0, math.log(2)]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(loss.cpu(), torch.tensor([math.log(2), 0.0, math.log(2)]), atol=1e-5, rtol=0)
     assert metrics["dpo/kept"].tolist() == [1.0, 0.0, 1.0]

@@ -104,7 +104,8 @@ def test_shipped_base_model_is_legible_and_imperfect_by_design():
     accuracy, not_a_digit = sum(verdict) / len(texts), sum(i["not_a_digit"] for i in verdict.info) / len(texts)
     assert 0.35 <= accuracy <= 0.75 and not_a_digit <= 0.2, (accuracy, not_a_digit)
     report = json.loads((ASSETS / "pretrain.json").read_text())
-    assert 0.35 <= report["base"][-1]["gold_accuracy"] <= 0.75 and report["base"][-1]["not_a_digit"] <= 0.2
+    final = report["final_judges"]["base"]  # the base judged by the shipped gold judge and recognizer
+    assert 0.35 <= final["gold_accuracy"] <= 0.75 and final["not_a_digit"] <= 0.2
     assert report["gold"]["accuracy/renders"] >= 0.97 and report["gold"]["not_a_digit/all_negatives"] >= 0.95
 
 

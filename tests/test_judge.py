@@ -25,8 +25,10 @@ from omnialign.cli import main as cli
 from omnialign.config import Config, to_dict
 from omnialign.data.omni import prepare
 from omnialign.export import write_adapter
-from omnialign.models import glyphs, lora, qwen3_omni, tiny
+from omnialign.models import lora, qwen3_omni, tiny
 from omnialign.rewards.base import from_png
+from omnialign.worlds.glyphs import model as glyphs
+from omnialign.worlds.glyphs.data import ASSETS
 
 
 class JudgeServer(ThreadingHTTPServer):
@@ -310,7 +312,7 @@ def test_glyph_images_judged(tmp_path):
     policy = glyphs.load()
     config = perturbed(policy.transformer, policy.lora_targets, seed=1)
     write_adapter(policy.transformer, config, tmp_path / "glyphs_lora")
-    common = dict(data="digits", base=glyphs.ASSETS, adapter=tmp_path / "glyphs_lora", out=tmp_path / "g.jsonl")
+    common = dict(data="digits", base=ASSETS, adapter=tmp_path / "glyphs_lora", out=tmp_path / "g.jsonl")
     settings = ["rollout.val_steps=3", "rollout.micro_batch_size=2"]
     with judge_server(lambda t, b: "Image B shows it better. [[B]]") as server:
         run(*settings, **common, max_samples=4, modalities=["image"], judge_url=server.url)

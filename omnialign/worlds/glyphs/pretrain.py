@@ -19,6 +19,9 @@ then harden the recognizer against what RL finds to fool it.
    prompted digit are added to a bank of fooling samples, and the recognizer is fine-tuned with them
    as negatives; this repeats until a round finds under `fool_tolerance` of such samples or
    `fool_rounds` are done. The bank ships as `recognizer/fooling_samples.pt`.
+5. RL negatives: images from RL runs that fooled both the reward and the gold judge, which a person
+   judged not to be digits (`rl_negatives`, shipped as `gold/rl_negatives.pt`), fine-tune both models
+   as negatives.
 
 Everything is seeded. The report (`pretrain.json`) holds each model's measured quality and the time
 of each phase. No recipe ever trains or selects against the gold judge.
@@ -27,6 +30,7 @@ of each phase. No recipe ever trains or selects against the gold judge.
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -54,7 +58,7 @@ from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
 from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, SD3Transformer2DModel, tiny_transformer
 from omnialign.worlds.glyphs.recognizer import Recognizer
 
-STAGES = ("gold", "recognizer", "teacher", "base", "fooling")
+STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives")
 
 
 @dataclass
@@ -103,6 +107,11 @@ class PretrainConfig:
     """Stop once at most this share of the rewarded (> 0.5) validation samples fool the recognizer."""
     refresh_steps: int = 1000
     """Recognizer fine-tuning steps after each round that found fooling samples."""
+    rl_negatives: str = str(ASSETS / "gold" / "rl_negatives.pt")
+    """Stage rl_negatives: uint8 images (N, 1, SIZE, SIZE) from RL runs that fooled both the reward and the gold
+    judge, which a person judged not to be digits; both models are fine-tuned with them as negatives."""
+    rl_negative_steps: int = 120
+    """Fine-tuning steps of the gold judge and of the recognizer in stage rl_negatives."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -130,19 +139,23 @@ def digit_batch(digits: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch
     return augment(digits[index.to(digits.device)], g), index.to(digits.device) // (len(digits) // len(CHARSET))
 
 
-def train_gold(config: PretrainConfig, device: torch.device) -> GoldJudge:
-    """60% augmented digits, 40% negatives (class 10), label smoothing 0.05."""
-    g = torch.Generator().manual_seed(config.seed + 11)
+def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: GoldJudge | None = None,
+               hard: torch.Tensor | None = None, lr: float = 2e-3) -> GoldJudge:  # fmt: skip
+    """Train a new gold judge (or fine-tune `model`): 60% augmented digits, 40% negatives (class 10; a quarter
+    of them from `hard` when given), label smoothing 0.05."""
+    g = torch.Generator().manual_seed(config.seed + 11 + (0 if hard is None else len(hard)))
     torch.manual_seed(config.seed + 11)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
-    pool = negative_pool(min(50_000, 200 * config.gold_steps), config.seed + 12, device)  # drawn once, reused
-    model = GoldJudge().to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
-    sched = _one_cycle(opt, 2e-3, config.gold_steps)
-    bar = tqdm(range(config.gold_steps), desc="gold judge", dynamic_ncols=True, mininterval=5)
+    pool = negative_pool(min(50_000, 200 * steps), config.seed + 12, device)  # drawn once, reused
+    model = (model or GoldJudge()).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    sched = _one_cycle(opt, lr, steps)
+    n_hard = 0 if hard is None else 26
+    bar = tqdm(range(steps), desc="gold judge", dynamic_ncols=True, mininterval=5)
     for _ in bar:
         pos, labels = digit_batch(digits, 154, g)
-        x = torch.cat([pos, pick(pool, 102, g, 0.5)])
+        parts = [pos, pick(pool, 102 - n_hard, g, 0.5)] + ([pick(hard.to(device), n_hard, g, 0.3)] if n_hard else [])
+        x = torch.cat(parts)
         y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT, device=device)])
         loss = F.cross_entropy(model(x), y, label_smoothing=0.05)
         opt.zero_grad()
@@ -416,7 +429,7 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         (out / "pretrain.json").write_text(json.dumps(report, indent=2))
 
     if "gold" in config.stages:
-        gold = train_gold(config, device)
+        gold = train_gold(config, device, config.gold_steps)
         report["gold"] = gold_quality(gold, config.seed, device)
         print("gold judge:", json.dumps(report["gold"]))
         gold.save_pretrained(out / "gold")
@@ -439,6 +452,25 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         lap(f"base ({device.type})")
     if "fooling" in config.stages:
         harden_recognizer(config, out, recognizer, gold, device, report, lap)
+    if "rl_negatives" in config.stages:
+        hard = torch.load(config.rl_negatives).float().div(127.5).sub(1)
+        gold = train_gold(config, device, config.rl_negative_steps, gold, hard, lr=5e-4)
+        recognizer = train_recognizer(config, device, config.rl_negative_steps, recognizer, hard, lr=5e-4)
+        report["rl_negatives"] = {"count": len(hard), "gold": gold_quality(gold, config.seed, device),
+                                  "recognizer": recognizer_quality(recognizer, config.seed, device)}  # fmt: skip
+        with torch.no_grad():
+            report["rl_negatives"]["gold_not_a_digit"] = (
+                (gold(hard.to(device)).argmax(-1) == NOT_A_DIGIT).float().mean().item()
+            )
+            report["rl_negatives"]["recognizer_max_digit_p"] = (
+                digit_probabilities(recognizer, hard.to(device)).amax(-1).mean().item()
+            )
+        print("after the RL negatives:", json.dumps(report["rl_negatives"]))
+        gold.save_pretrained(out / "gold")
+        recognizer.save_pretrained(out / "recognizer")
+        if Path(config.rl_negatives).resolve() != (out / "gold" / "rl_negatives.pt").resolve():
+            shutil.copy(config.rl_negatives, out / "gold" / "rl_negatives.pt")
+        lap(f"rl_negatives ({device.type})")
     report["seconds"]["total"] = round(sum(v for k, v in report["seconds"].items() if k != "total"), 1)
     (out / "pretrain.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {out}; seconds per stage: {report['seconds']}")
