@@ -191,5 +191,5 @@ def test_dpo_min_gap_gives_tied_pairs_no_loss():
     batch = pair_batch(x0, cond, scores, g, config, policy.train_sigmas())
     inputs = {k: getattr(batch, k) for k in ("x0", "noise", "sigma", "cond", "scores")}
     loss, metrics, _ = dpo_objective(policy, config, contexts["reference"]).fn(inputs)
-    torch.testing.assert_close(loss.cpu(), torch.tensor([math.log(2), 0.0, math.log(2)]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(loss.cpu(), torch.tensor([math.log(2), 0.0, math.log(2)]), atol=1e-3, rtol=0)
     assert metrics["dpo/kept"].tolist() == [1.0, 0.0, 1.0]

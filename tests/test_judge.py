@@ -335,11 +335,13 @@ def test_glyph_images_judged(tmp_path):
     summary = json.loads(files["summary"].read_text())
     assert list(summary["by_modality"]) == ["image"] and summary["overall"]["n"] == 4
 
-    # a full model folder (the merged network, as a full fine-tuning export) draws the same images
+    # a full model folder (the merged network, as a full fine-tuning export) draws the same images, up to one
+    # 8-bit level: merged and unmerged LoRA round differently (on a GPU, a pixel here and there)
     merged = PeftModel.from_pretrained(glyphs.load().transformer, tmp_path / "glyphs_lora").merge_and_unload()
     merged.save_pretrained(tmp_path / "full")
     assert judge.find_adapter(tmp_path / "full") == ("full", tmp_path / "full")
     run(*settings, **common | {"adapter": tmp_path / "full", "out": tmp_path / "f.jsonl"}, max_samples=4,
         stage="trained")  # fmt: skip
     for a, b in zip(trained, lines(tmp_path / "f.trained.jsonl")):
-        assert (tmp_path / a["image"]).read_bytes() == (tmp_path / b["image"]).read_bytes()
+        pixels = [np.asarray(Image.open(tmp_path / row["image"])).astype(int) for row in (a, b)]
+        assert np.abs(pixels[0] - pixels[1]).max() <= 1
