@@ -22,7 +22,7 @@ GLYPHS_RECIPES = ["glyphs", "glyphs_cps", "glyphs_dance", "glyphs_mixgrpo", "gly
 @pytest.mark.parametrize("recipe", GLYPHS_RECIPES)
 def test_algorithm_raises_gold_accuracy_without_collapse(recipe, tmp_path):
     config = validate(apply_overrides(RECIPES[recipe](), [
-        f"trainer.output_dir={tmp_path}", "trainer.total_steps=60", "trainer.val_every=20", "trainer.save_every=60",
+        f"trainer.output_dir={tmp_path}", "trainer.total_steps=60", "trainer.val_every=10", "trainer.save_every=60",
         "trainer.progress=false",
     ]))  # fmt: skip
     summary = main(config)

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -148,21 +149,29 @@ def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: 
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
     pool = negative_pool(min(50_000, 200 * steps), config.seed + 12, device)  # drawn once, reused
     model = (model or GoldJudge()).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    sched = _one_cycle(opt, lr, steps)
     n_hard = 0 if hard is None else 26
-    bar = tqdm(range(steps), desc="gold judge", dynamic_ncols=True, mininterval=5)
-    for _ in bar:
+
+    def loss() -> torch.Tensor:
         pos, labels = digit_batch(digits, 154, g)
         parts = [pos, pick(pool, 102 - n_hard, g, 0.5)] + ([pick(hard.to(device), n_hard, g, 0.3)] if n_hard else [])
-        x = torch.cat(parts)
         y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT, device=device)])
-        loss = F.cross_entropy(model(x), y, label_smoothing=0.05)
+        return F.cross_entropy(model(torch.cat(parts)), y, label_smoothing=0.05)
+
+    return fit(model, loss, steps, lr, "gold judge")
+
+
+def fit(model: torch.nn.Module, loss: Callable[[], torch.Tensor], steps: int, lr: float, desc: str) -> torch.nn.Module:
+    """`steps` AdamW steps on `loss()`, which draws its own batch; one-cycle learning rate. Returns the eval model."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    sched = _one_cycle(opt, lr, steps)
+    bar = tqdm(range(steps), desc=desc, dynamic_ncols=True, mininterval=5)
+    for _ in bar:
+        value = loss()
         opt.zero_grad()
-        loss.backward()
+        value.backward()
         opt.step()
         sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        bar.set_postfix(loss=f"{value.item():.3f}", refresh=False)
     return model.eval()
 
 
@@ -222,18 +231,12 @@ def train_recognizer(config: PretrainConfig, device: torch.device, steps: int, m
     pool = negative_pool(min(50_000, 200 * steps), config.seed + 24, device)
     fooling = None if fooling is None else fooling.to(device)
     model = (model or Recognizer()).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    sched = _one_cycle(opt, lr, steps)
-    bar = tqdm(range(steps), desc="recognizer", dynamic_ncols=True, mininterval=5)
-    for _ in bar:
+
+    def loss() -> torch.Tensor:
         images, labels = recognizer_batch(strings, texts, pool, fooling, g)
-        loss = F.cross_entropy(model(images).flatten(0, 1), model.targets(labels).flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-    return model.eval()
+        return F.cross_entropy(model(images).flatten(0, 1), model.targets(labels).flatten())
+
+    return fit(model, loss, steps, lr, "recognizer")
 
 
 @torch.no_grad()
