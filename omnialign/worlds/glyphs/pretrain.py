@@ -94,6 +94,8 @@ class PretrainConfig:
     """Stages to run, in order; a stage that does not run loads its output from `out` (see `STAGES`)."""
     eval_every: int = 1000
     """Evaluate the generator (reward, gold accuracy, not-a-digit) every this many steps."""
+    eval_count: int = 2000
+    """Fresh negatives (and twice fewer renders) in the gold judge's and the recognizer's quality reports."""
     snapshots: str | None = None
     """Also save the EMA generator at every evaluation under this folder (for choosing settings)."""
     prompt_set: str = "digits"
@@ -176,17 +178,17 @@ def fit(model: torch.nn.Module, loss: Callable[[], torch.Tensor], steps: int, lr
 
 
 @torch.no_grad()
-def gold_quality(model: GoldJudge, seed: int, device: torch.device) -> dict[str, float]:
-    """Accuracy on fresh renders (the renderer's own images) and on augmented ones; not-a-digit rate on
-    fresh negatives of each kind."""
+def gold_quality(model: GoldJudge, seed: int, device: torch.device, count: int = 2000) -> dict[str, float]:
+    """Accuracy on count / 2 fresh renders (the renderer's own images) and on augmented ones; not-a-digit
+    rate on `count` fresh negatives, by kind."""
     g = torch.Generator().manual_seed(seed + 777)
-    texts = PROMPT_SETS["digits"] * 100
+    texts = PROMPT_SETS["digits"] * (count // 20)
     renders = render(texts, seed=seed + 777)
     target = torch.tensor([CHARSET.index(t) for t in texts], device=device)
     out = {}
     for name, images in (("renders", renders), ("augmented", augment(renders, g))):
         out[f"accuracy/{name}"] = (model(images.to(device)).argmax(-1) == target).float().mean().item()
-    neg, kind = negatives(2000, g)
+    neg, kind = negatives(count, g)
     reads = model(neg.to(device)).argmax(-1).cpu()
     out["not_a_digit/all_negatives"] = (reads == NOT_A_DIGIT).float().mean().item()
     for k, name in enumerate(NEGATIVE_KINDS):
@@ -240,13 +242,13 @@ def train_recognizer(config: PretrainConfig, device: torch.device, steps: int, m
 
 
 @torch.no_grad()
-def recognizer_quality(model: Recognizer, seed: int, device: torch.device) -> dict[str, float]:
+def recognizer_quality(model: Recognizer, seed: int, device: torch.device, count: int = 2000) -> dict[str, float]:
     """String accuracy on fresh single and double renders; on negatives, the mean of the largest
     probability it gives any single digit (a blob must score near 0 for every digit)."""
     texts = PROMPT_SETS["digits"] * 20 + PROMPT_SETS["pairs"] * 2
     images = render(texts, seed=seed + 777).to(device)
     correct = (model(images).argmax(-1) == model.targets(texts)).all(-1).float()
-    neg, kind = negatives(2000, torch.Generator().manual_seed(seed + 778))
+    neg, kind = negatives(count, torch.Generator().manual_seed(seed + 778))
     best = digit_probabilities(model, neg.to(device)).max(-1).values.cpu()
     out = {"accuracy/single": correct[:200].mean().item(), "accuracy/pair": correct[200:].mean().item(),
            "negatives/max_digit_p": best.mean().item()}  # fmt: skip
@@ -433,14 +435,14 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
 
     if "gold" in config.stages:
         gold = train_gold(config, device, config.gold_steps)
-        report["gold"] = gold_quality(gold, config.seed, device)
+        report["gold"] = gold_quality(gold, config.seed, device, config.eval_count)
         print("gold judge:", json.dumps(report["gold"]))
         gold.save_pretrained(out / "gold")
         lap(f"gold ({device.type})")
     gold = GoldJudge.from_pretrained(out / "gold").to(device).eval()
     if "recognizer" in config.stages:
         recognizer = train_recognizer(config, device, config.recognizer_steps)
-        report["recognizer"] = recognizer_quality(recognizer, config.seed, device)
+        report["recognizer"] = recognizer_quality(recognizer, config.seed, device, config.eval_count)
         print("recognizer:", json.dumps(report["recognizer"]))
         recognizer.save_pretrained(out / "recognizer")
         lap(f"recognizer ({device.type})")
@@ -459,8 +461,11 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         hard = torch.load(config.rl_negatives).float().div(127.5).sub(1)
         gold = train_gold(config, device, config.rl_negative_steps, gold, hard, lr=5e-4)
         recognizer = train_recognizer(config, device, config.rl_negative_steps, recognizer, hard, lr=5e-4)
-        report["rl_negatives"] = {"count": len(hard), "gold": gold_quality(gold, config.seed, device),
-                                  "recognizer": recognizer_quality(recognizer, config.seed, device)}  # fmt: skip
+        report["rl_negatives"] = {
+            "count": len(hard),
+            "gold": gold_quality(gold, config.seed, device, config.eval_count),
+            "recognizer": recognizer_quality(recognizer, config.seed, device, config.eval_count),
+        }
         with torch.no_grad():
             report["rl_negatives"]["gold_not_a_digit"] = (
                 (gold(hard.to(device)).argmax(-1) == NOT_A_DIGIT).float().mean().item()
@@ -500,7 +505,7 @@ def harden_recognizer(config: PretrainConfig, out: Path, recognizer: Recognizer,
             break
         fooling = torch.cat([fooling, found])
         recognizer = train_recognizer(config, device, config.refresh_steps, recognizer, fooling, lr=5e-4)
-        rounds[-1]["recognizer_after"] = recognizer_quality(recognizer, config.seed, device)
+        rounds[-1]["recognizer_after"] = recognizer_quality(recognizer, config.seed, device, config.eval_count)
         print("recognizer after the round:", json.dumps(rounds[-1]["recognizer_after"]))
         recognizer.save_pretrained(out / "recognizer")
         torch.save(fooling.add(1).mul(127.5).round().to(torch.uint8), bank_path)
