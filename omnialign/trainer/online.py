@@ -162,11 +162,12 @@ class OnlineTrainer:
         if self.gold is None:
             return {}, [""] * count
         scores = self.gold(images, prompts, meta)
-        numbers = [k for k, v in scores.info[0].items() if isinstance(v, (int, float))]
-        values = {"accuracy": list(scores), **{k: [i[k] for i in scores.info] for k in numbers}}
+        info = scores.info if isinstance(scores, rewards.Scores) else [{} for _ in scores]  # a plain list of floats
+        numbers = [k for k, v in info[0].items() if isinstance(v, (int, float))]
+        values = {"accuracy": list(scores), **{k: [i[k] for i in info] for k in numbers}}
         device = self.world.device
         gathered = {k: dist.all_gather(torch.tensor(v, device=device))[:count] for k, v in values.items()}
-        return gathered, dist.all_gather_list([str(i.get("reads", "")) for i in scores.info])[:count]
+        return gathered, dist.all_gather_list([str(i.get("reads", "")) for i in info])[:count]
 
     def fit(self, resume: Path | None = None) -> dict:
         """Train to trainer.total_steps (from a checkpoint if given); returns the validation summary."""
