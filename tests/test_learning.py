@@ -27,7 +27,7 @@ def test_algorithm_raises_gold_accuracy_without_collapse(recipe, tmp_path):
     ]))  # fmt: skip
     summary = main(config)
     gold = summary["val/gold/accuracy_after"] - summary["val/gold/accuracy_before"]
-    assert gold >= 0.15, summary
+    assert gold >= 0.15 - 1e-6, summary  # 12 of the 80 validation images; the metrics are float32
     assert summary["val/gold/not_a_digit_after"] <= summary["val/gold/not_a_digit_before"], summary
     assert summary["val_after"] > summary["val_before"], summary
     assert summary["val/diversity_after"] >= 0.75 * summary["val/diversity_before"], summary
