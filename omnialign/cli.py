@@ -16,7 +16,11 @@ omnialign prepare offline-dpo PROMPTS OUT_DIR model.arch=sd3 model.path=DIR rewa
 """
 
 import argparse
+import dataclasses
 import sys
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -48,17 +52,19 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise SystemExit(f"stopped: {e}") from None
 
 
+def with_options(config: T, args: argparse.Namespace) -> T:
+    """`config` (a pretraining dataclass) with each of its fields that the command line gave set."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    for key, value in vars(args).items():
+        if key in fields and value is not None:
+            setattr(config, key, value)
+    return config
+
+
 def cmd_prepare(args: argparse.Namespace) -> None:
     from omnialign.worlds.glyphs.pretrain import PretrainConfig, prepare_glyphs
 
-    config = PretrainConfig()
-    keys = ("out", "seed", "device", "stages", "gold_steps", "recognizer_steps", "clean_steps", "noisy_steps",
-            "noisy_batch", "noisy_ema", "noisy_lr", "label_noise", "eval_every", "snapshots", "fool_rounds",
-            "fool_recipes", "fool_steps", "refresh_steps", "rl_negatives", "rl_negative_steps")  # fmt: skip
-    for key in keys:
-        if getattr(args, key) is not None:
-            setattr(config, key, getattr(args, key))
-    prepare_glyphs(config)
+    prepare_glyphs(with_options(PretrainConfig(), args))
 
 
 def cmd_prepare_ocr(args: argparse.Namespace) -> None:
@@ -95,11 +101,7 @@ def cmd_prepare_offline_dpo(args: argparse.Namespace) -> None:
 def cmd_prepare_choice(args: argparse.Namespace) -> None:
     from omnialign.worlds.choice.pretrain import ChoicePretrainConfig, prepare_choice
 
-    config = ChoicePretrainConfig()
-    for key in ("out", "seed", "steps", "clean_steps", "bias", "noise"):
-        if getattr(args, key) is not None:
-            setattr(config, key, getattr(args, key))
-    prepare_choice(config)
+    prepare_choice(with_options(ChoicePretrainConfig(), args))
 
 
 def cmd_prepare_language(args: argparse.Namespace) -> None:

@@ -199,3 +199,11 @@ def test_any_reward_can_be_the_gold_judge(tmp_path):
     first = read_metrics(tmp_path / "debug" / "metrics.jsonl")[0]
     assert first["val/gold/accuracy"] < 0  # minus the JPEG size in kB
     assert not [k for k in first if k.startswith("val/gold/") and k != "val/gold/accuracy"]
+
+
+def test_unknown_gold_judge_fails_before_the_model_loads():
+    from omnialign.config import RewardConfig
+    from omnialign.rewards import RewardWorker
+
+    with pytest.raises(ValueError, match="'glyph_gld' is not a key"):
+        RewardWorker(RewardConfig(gold="glyph_gld"))

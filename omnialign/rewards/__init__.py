@@ -176,6 +176,8 @@ class RewardWorker:
 
     def __init__(self, config: RewardConfig, remote_threads: int = 8):
         self.config, self.fns = config, resolve(config)
+        gold = config.gold  # the gold judge, scored at validation only (`reward.gold`)
+        self.gold = lookup(gold, config.options.get(gold), config.remote) if gold else None
         self.local = ThreadPoolExecutor(1, thread_name_prefix="reward")
         self.remote = ThreadPoolExecutor(remote_threads, thread_name_prefix="reward-remote")
 

@@ -43,9 +43,7 @@ class OnlineTrainer:
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts, self.metadata = load_prompt_set(config.data.prompts)
         self.val_prompts, self.val_metadata = load_prompt_set(config.data.val_prompts)
-        self.rewards = reward_worker
-        gold = config.reward.gold
-        self.gold = rewards.lookup(gold, config.reward.options.get(gold), config.reward.remote) if gold else None
+        self.rewards, self.gold = reward_worker, reward_worker.gold
         self.timer = Timer(sync)
         self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
         self.progress = config.trainer.progress and world.is_main

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from omnialign.config import ModelConfig
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import sample
 from omnialign.worlds.glyphs.data import (
@@ -60,7 +61,7 @@ from omnialign.worlds.glyphs.data import (
     render,
 )
 from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
-from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, SD3Transformer2DModel, tiny_transformer
+from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, load, tiny_transformer
 from omnialign.worlds.glyphs.recognizer import Recognizer
 
 STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives")
@@ -253,18 +254,12 @@ def recognizer_quality(model: Recognizer, seed: int, device: torch.device, count
     images = render(texts, seed=seed + 777).to(device)
     correct = (model(images).argmax(-1) == model.targets(texts)).all(-1).float()
     neg, kind = negatives(count, torch.Generator().manual_seed(seed + 778))
-    best = digit_probabilities(model, neg.to(device)).max(-1).values.cpu()
+    best = model.digit_probs(neg.to(device)).max(-1).values.cpu()
     out = {"accuracy/single": correct[:200].mean().item(), "accuracy/pair": correct[200:].mean().item(),
            "negatives/max_digit_p": best.mean().item()}  # fmt: skip
     for k, name in enumerate(NEGATIVE_KINDS):
         out[f"negatives/max_digit_p/{name}"] = best[kind == k].mean().item()
     return out
-
-
-def digit_probabilities(model: Recognizer, images: torch.Tensor) -> torch.Tensor:
-    """p(single digit d | image) for d in 0-9, (B, 10): the reward each digit prompt would get."""
-    log_probs = F.log_softmax(model(images).float(), dim=-1)  # (B, positions, classes)
-    return (log_probs[:, 0, : len(CHARSET)] + log_probs[:, 1:, len(CHARSET)].sum(-1, keepdim=True)).exp()
 
 
 @torch.no_grad()
@@ -408,11 +403,6 @@ def find_fooling(round_dir: Path, recognizer: Recognizer, gold: GoldJudge, devic
     return torch.cat(found), counts
 
 
-def load_policy(root: Path, device: torch.device) -> GlyphsPolicy:
-    transformer = SD3Transformer2DModel.from_pretrained(root / "transformer").to(device)
-    return GlyphsPolicy(transformer, CharEncoder.from_pretrained(root / "text_encoder").to(device))
-
-
 def save_policy(policy: GlyphsPolicy, root: Path) -> None:
     policy.transformer.save_pretrained(root / "transformer")
     policy.text_encoder.save_pretrained(root / "text_encoder")
@@ -456,7 +446,9 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         save_policy(teacher, out / "teacher")
         lap(f"teacher ({device.type})")
     if "base" in config.stages:
-        base, report["base"] = train_base(config, load_policy(out / "teacher", device), (recognizer, gold), device)
+        teacher = load(ModelConfig(path=str(out / "teacher")))
+        teacher.transformer.to(device)
+        base, report["base"] = train_base(config, teacher.to(device), (recognizer, gold), device)
         save_policy(base, out)
         lap(f"base ({device.type})")
     if "fooling" in config.stages:
@@ -475,7 +467,7 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
                 (gold(hard.to(device)).argmax(-1) == NOT_A_DIGIT).float().mean().item()
             )
             report["rl_negatives"]["recognizer_max_digit_p"] = (
-                digit_probabilities(recognizer, hard.to(device)).amax(-1).mean().item()
+                recognizer.digit_probs(hard.to(device)).amax(-1).mean().item()
             )
         print("after the RL negatives:", json.dumps(report["rl_negatives"]))
         gold.save_pretrained(out / "gold")

@@ -47,6 +47,12 @@ class Recognizer(ModelMixin, ConfigMixin):
         log_probs = F.log_softmax(self(images).float(), dim=-1)
         return log_probs.gather(-1, self.targets(texts).unsqueeze(-1)).squeeze(-1).sum(-1)
 
+    def digit_probs(self, images: torch.Tensor) -> torch.Tensor:
+        """p(d | image) for each one-character text d of the charset, (B, len(charset)): the reward each would get."""
+        log_probs = F.log_softmax(self(images).float(), dim=-1)  # (B, positions, classes)
+        blank = len(self.config.charset)
+        return (log_probs[:, 0, :blank] + log_probs[:, 1:, blank].sum(-1, keepdim=True)).exp()
+
 
 @lru_cache(maxsize=4)
 def load_recognizer(path: str = str(ASSETS / "recognizer"), device: torch.device | None = None) -> Recognizer:
