@@ -7,11 +7,12 @@ then harden the recognizer against what RL finds to fool it.
         --noisy-steps 20 --stages gold recognizer teacher base    # a quick check of the script itself
 
 The shipped assets were made so (pretrain.json says the same): gold, recognizer and teacher on one H200
-(94 s, 50 s, 219 s), base (505 s), fooling (637 s) and rl_negatives (399 s) on a 2-core CPU, where the
+(84 s, 50 s, 219 s), base (505 s), fooling (637 s) and rl_negatives (399 s) on a 2-core CPU, where the
 first three stages would take about 5 hours.
 
-1. The gold judge (`gold.py`) learns the renderer's digits under strong augmentation and the hard
-   negatives of `data.negatives`, with an explicit not-a-digit class.
+1. The gold judge (`gold.py`) learns the renderer's digits under strong augmentation (half of them drawn
+   bold, hazy or glowing first, as generators draw them) and the hard negatives of `data.negatives` and
+   `rl_negatives`, with an explicit not-a-digit class.
 2. The recognizer (`recognizer.py`, the reward) learns strings of one and two characters under the
    same augmentation, and reads every negative as blank (probability near 0 for every digit).
 3. The generator (rectified flow, logit-normal t, 10% empty prompts, an EMA of its weights) first
@@ -57,6 +58,7 @@ from omnialign.worlds.glyphs.data import (
     SIZE,
     augment,
     bank,
+    bold_or_hazy,
     negatives,
     render,
 )
@@ -117,7 +119,8 @@ class PretrainConfig:
     """Recognizer fine-tuning steps after each round that found fooling samples."""
     rl_negatives: str = str(ASSETS / "gold" / "rl_negatives.pt")
     """Stage rl_negatives: uint8 images (N, 1, SIZE, SIZE) from RL runs that fooled both the reward and the gold
-    judge, which a person judged not to be digits; both models are fine-tuned with them as negatives."""
+    judge, which a person judged not to be digits; both models are fine-tuned with them as negatives. Stage gold
+    also trains with them as negatives when the file exists."""
     rl_negative_steps: int = 120
     """Fine-tuning steps of the gold judge and of the recognizer in stage rl_negatives."""
 
@@ -141,16 +144,22 @@ def pick(pool: torch.Tensor, n: int, g: torch.Generator, strength: float) -> tor
     return augment(pool[torch.randint(0, len(pool), (n,), generator=g).to(pool.device)], g, strength)
 
 
-def digit_batch(digits: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """n augmented digit images from the bank `digits` (10 x 250 variants) and their digit (n,)."""
-    index = torch.randint(0, len(digits), (n,), generator=g)
-    return augment(digits[index.to(digits.device)], g), index.to(digits.device) // (len(digits) // len(CHARSET))
+def digit_batch(
+    digits: torch.Tensor, n: int, g: torch.Generator, varied: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n augmented digit images from the bank `digits` (10 x 250 variants) and their digit (n,); a share `varied`
+    of them drawn bold or hazy first (`data.bold_or_hazy`)."""
+    index = torch.randint(0, len(digits), (n,), generator=g).to(digits.device)
+    x = digits[index]
+    if varied:
+        x = torch.where((torch.rand(n, 1, 1, 1, generator=g) < varied).to(x.device), bold_or_hazy(x, g), x)
+    return augment(x, g), index // (len(digits) // len(CHARSET))
 
 
 def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: GoldJudge | None = None,
                hard: torch.Tensor | None = None, lr: float = 2e-3) -> GoldJudge:  # fmt: skip
-    """Train a new gold judge (or fine-tune `model`): 60% augmented digits, 40% negatives (class 10; a quarter
-    of them from `hard` when given), label smoothing 0.05."""
+    """Train a new gold judge (or fine-tune `model`): 60% augmented digits (half of them bold or hazy first),
+    40% negatives (class 10; a quarter of them from `hard` when given), label smoothing 0.05."""
     g = torch.Generator().manual_seed(config.seed + 11 + (0 if hard is None else len(hard)))
     torch.manual_seed(config.seed + 11)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
@@ -159,7 +168,7 @@ def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: 
     n_hard = 0 if hard is None else 26
 
     def loss() -> torch.Tensor:
-        pos, labels = digit_batch(digits, 154, g)
+        pos, labels = digit_batch(digits, 154, g, varied=0.5)
         parts = [pos, pick(pool, 102 - n_hard, g, 0.5)] + ([pick(hard.to(device), n_hard, g, 0.3)] if n_hard else [])
         y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT, device=device)])
         return F.cross_entropy(model(torch.cat(parts)), y, label_smoothing=0.05)
@@ -191,7 +200,8 @@ def gold_quality(model: GoldJudge, seed: int, device: torch.device, count: int =
     renders = render(texts, seed=seed + 777)
     target = torch.tensor([CHARSET.index(t) for t in texts], device=device)
     out = {}
-    for name, images in (("renders", renders), ("augmented", augment(renders, g))):
+    varied = (("augmented", augment(renders, g)), ("bold_or_hazy", augment(bold_or_hazy(renders, g), g, 0.5)))
+    for name, images in (("renders", renders), *varied):
         out[f"accuracy/{name}"] = (model(images.to(device)).argmax(-1) == target).float().mean().item()
     neg, kind = negatives(count, g)
     reads = model(neg.to(device)).argmax(-1).cpu()
@@ -428,7 +438,8 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         (out / "pretrain.json").write_text(json.dumps(report, indent=2))
 
     if "gold" in config.stages:
-        gold = train_gold(config, device, config.gold_steps)
+        hard = torch.load(config.rl_negatives).float().div(127.5).sub(1) if Path(config.rl_negatives).exists() else None
+        gold = train_gold(config, device, config.gold_steps, hard=hard)
         report["gold"] = gold_quality(gold, config.seed, device, config.eval_count)
         print("gold judge:", json.dumps(report["gold"]))
         gold.save_pretrained(out / "gold")
