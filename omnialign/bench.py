@@ -4,6 +4,7 @@
     omnialign bench recipe --recipe qwen_image_ocr_flowgrpo_lora --prompts 8 --steps 1 --out flowgrpo.json
     omnialign bench language --recipe qwen3_omni_dpo --steps 3 --seq-len 1024 --out dpo.json
     omnialign bench language --recipe choice_gspo --model-size 4b --steps 2 --out gspo.json
+    omnialign bench decode --model-size 8b --prompts 128 --prompt-len 256 --max-new-tokens 128 --out decode.json
 
 `recipe`: full training steps of a Qwen-Image recipe at one GPU's share of its global batch
 (`--prompts` prompts x the recipe's rollout.n images) on the full-size pipeline with random weights
@@ -41,6 +42,18 @@ mini-batch that does not divide the per-GPU batch becomes the whole batch.
   `--max-new-tokens`), reward, advantage, [reference] and update. Per step: samples per GPU per
   second, generated tokens per second of rollout, seconds per phase, peak allocated memory.
 Every step is reported, the first with its warm-up. `--tiny` runs the same code on tiny configs on the CPU.
+
+`decode`: sampling from a Qwen3 of `--model-size` (random weights, bf16) by each decoder in turn, side by side:
+transformers' `generate` with its dynamic and its static cache (the log-prob recorder of the rollout on), and
+omnialign's static-cache decoder (rollout/decode.py) with an eager and a CUDA-graph decode step. `--prompts`
+prompts (the batch, default 128) of `--prompt-len` random byte tokens, `--max-new-tokens` sampled tokens
+(temperature 1, no filters; random weights rarely stop a row, and a call ends only when every row has).
+Per decoder: seconds of the whole call, of the prefill and first token, tokens/s overall
+and of the decode steps alone ((N - 1) tokens over the time beyond the first), their share of the memory-
+bandwidth bound, the largest and mean gap between the recorded log-probs and the training forward's
+(`token_logprobs` on the sampled sequences), peak memory. The bound: every step reads the weights (less the
+input embedding table, of which it reads B rows) and the keys and values of the mean context
+(prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (4.8 for an H200): B x bandwidth / bytes per step.
 """
 
 import json
@@ -486,6 +499,76 @@ def bench_language(
     return rows
 
 
+def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_new_tokens: int,
+                 bandwidth: float) -> list[dict]:  # fmt: skip
+    """The decoders side by side on one Qwen3 of `model_size` with random weights (bf16; `--tiny`: the tiny
+    twin in float32 on the CPU): see the module docstring."""
+    from omnialign.rollout import decode
+
+    cuda = torch.cuda.is_available() and not tiny
+    device = torch.device("cuda" if cuda else "cpu")
+    policy = language_policy("qwen3", "tiny" if tiny else model_size, device, torch.float32 if tiny else torch.bfloat16)
+    net = policy.transformer.eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (batch, prompt_len), generator=g).to(device)  # byte tokens, no special ones
+    mask = torch.ones_like(ids)
+    stop, pad = policy.stop_token_ids, policy.pad_token_id
+    hf = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+    def transformers(cache: dict):
+        return lambda n: policy.generate(ids, mask, None, {**hf, **cache, "max_new_tokens": n})
+
+    decoders = {
+        "transformers generate, dynamic cache": transformers({}),
+        "transformers generate, static cache": transformers({"cache_implementation": "static"}),
+        "omnialign static cache, eager step": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=False),
+        "omnialign static cache, CUDA graph": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=cuda),
+    }
+    layers, kv_heads = net.config.num_hidden_layers, net.config.num_key_value_heads
+    weights = sum(p.numel() * p.element_size() for p in net.parameters())
+    if not net.config.tie_word_embeddings:  # a step reads B rows of the input embedding, not the table
+        weights -= net.model.embed_tokens.weight.numel() * net.model.embed_tokens.weight.element_size()
+    mean_len = prompt_len + (max_new_tokens + 1) / 2
+    kv = 2 * layers * kv_heads * net.config.head_dim * 2 * batch * mean_len  # bf16 keys and values
+    bound = batch * bandwidth * 1e12 / (weights + kv)
+    rows = []
+    for name, run in decoders.items():
+
+        def timed(n: int, run=run) -> tuple[float, torch.Tensor, torch.Tensor]:
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out, lp = run(n)
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - start, out, lp
+
+        torch.manual_seed(0)
+        timed(4)  # warm-up
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        first, _, _ = timed(1)
+        total, out, lp = timed(max_new_tokens)
+        with torch.no_grad():  # the rollout's log-probs against the training forward, 16 sequences at a time
+            gaps = []
+            for lo in range(0, batch, 16):
+                full = torch.cat([ids[lo : lo + 16], out[lo : lo + 16]], 1)
+                ref = policy.token_logprobs(full, torch.ones_like(full), None, prompt_len)
+                gaps.append((ref - lp[lo : lo + 16].float()).abs())
+            gap = torch.cat(gaps)
+        decode_tps = batch * (out.shape[1] - 1) / max(total - first, 1e-9)
+        row = {"decoder": name, "model": f"qwen3-{'tiny' if tiny else model_size}", "batch": batch,
+               "prompt_len": prompt_len, "new_tokens": out.shape[1], "seconds": round(total, 3),
+               "prefill_and_first_s": round(first, 3), "tokens_per_s": round(batch * out.shape[1] / total, 1),
+               "decode_tokens_per_s": round(decode_tps, 1), "bound_tokens_per_s": round(bound, 1),
+               "share_of_bound": round(decode_tps / bound, 3),
+               "logprob_gap_max": round(float(gap.max()), 4), "logprob_gap_mean": round(float(gap.mean()), 5),
+               "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     keys = list(rows[0])
     print(" | ".join(keys))
@@ -496,6 +579,9 @@ def print_table(rows: list[dict]) -> None:
 def main(name: str, args) -> None:
     if name == "staging":
         rows = bench_staging(args.windows, args.modes, args.tiny)
+    elif name == "decode":
+        rows = bench_decode(args.prompts or 128, args.tiny, args.model_size, args.prompt_len, args.max_new_tokens,
+                            args.bandwidth)  # fmt: skip
     elif name == "language":
         rows = bench_language(args.recipe or "qwen3_omni_dpo", args.prompts, args.steps, args.tiny,
                               Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len,

@@ -182,19 +182,27 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="auto|CHECKPOINT", help="continue from the newest checkpoint or a given one")
     t.set_defaults(fn=cmd_train)
     be = sub.add_parser("bench", help="speed and memory benchmarks (results go to BENCHMARKS.md)")
-    be.add_argument("name", choices=["staging", "recipe", "language"])
+    be.add_argument("name", choices=["staging", "recipe", "language", "decode"])
     be.add_argument("--recipe", help="recipe: a Qwen-Image recipe (default qwen_image_ocr_flowgrpo_lora); language: "
                     "a qwen3/qwen3_omni recipe of dpo, grpo, dapo or gspo (default qwen3_omni_dpo)")  # fmt: skip
     be.add_argument("--prompts", type=int, help="recipe, language: prompts (DPO: pairs) per GPU per step "
-                    "(default: recipe 8; language the recipe's data.prompts_per_step)")  # fmt: skip
+                    "(default: recipe 8; language the recipe's data.prompts_per_step); decode: the batch "
+                    "(128)")  # fmt: skip
     be.add_argument("--steps", type=int, default=1, help="recipe, language: measured training steps")
     be.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="recipe, language: config overrides")
     be.add_argument("--model-size", default="4b", choices=["0.6b", "1.7b", "4b", "8b", "14b"],
-                    help="language, qwen3 recipes: the Qwen3 size (released config, random weights)")  # fmt: skip
+                    help="language (qwen3 recipes), decode: the Qwen3 size (released config, random "
+                    "weights)")  # fmt: skip
     be.add_argument("--seq-len", type=int, default=1024, help="language, DPO: tokens per sequence (half prompt)")
-    be.add_argument("--prompt-len", type=int, default=256, help="language, RL: prompt tokens")
-    be.add_argument("--max-new-tokens", type=int, default=512, help="language, RL: generation.max_new_tokens")
+    be.add_argument("--prompt-len", type=int, default=256, help="language (RL), decode: prompt tokens")
+    be.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=512,
+        help="language (RL): generation.max_new_tokens; decode: tokens sampled",
+    )
     be.add_argument("--peak", type=float, default=786.0, help="recipe: bf16 matmul peak TFLOP/s for MFU")
+    be.add_argument("--bandwidth", type=float, default=4.8, help="decode: memory bandwidth TB/s for the bound")
     be.add_argument("--work", default="runs/bench", help="recipe, language: scratch folder")
     be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
     be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"])

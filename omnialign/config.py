@@ -122,6 +122,9 @@ class GenerationConfig:
     """Strings that end a response (kept in it), besides the model's end-of-turn tokens."""
     micro_batch_size: int = 32
     """Sequences generated together (rollout and greedy validation)."""
+    decoder: str = "static"
+    """static: omnialign's decoder for dense Qwen3 models (static KV cache, the decode step replayed as a CUDA
+    graph; rollout/decode.py); transformers: `generate` (always used by the omni thinker)."""
 
 
 @dataclass
@@ -471,6 +474,7 @@ def _language_checks(config: Config) -> list[tuple[bool, str]]:
         (0 < g.top_p <= 1, f"generation.top_p={g.top_p} must be in (0, 1]"),
         (g.top_k >= 0, f"generation.top_k={g.top_k} must be >= 0 (0 disables it)"),
         (g.micro_batch_size >= 1, f"generation.micro_batch_size={g.micro_batch_size} must be at least 1"),
+        (g.decoder in ("static", "transformers"), f"generation.decoder={g.decoder!r}: choose static or transformers"),
         (al.aggregation in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
          f"algorithm.aggregation={al.aggregation!r}: choose token-mean, seq-mean-token-mean or seq-mean-token-sum"),
         (al.kl_estimator in ("k1", "k3"), f"algorithm.kl_estimator={al.kl_estimator!r}: choose k1 or k3"),

@@ -49,3 +49,17 @@ def test_full_size_configs_have_the_released_parameter_counts():
     for (arch, size), billions in expected.items():
         policy = bench.language_policy(arch, size, torch.device("meta"), torch.bfloat16)
         assert round(sum(p.numel() for p in policy.transformer.parameters()) / 1e9, 2) == billions
+
+
+def test_bench_decode_tiny_rows(tmp_path):
+    """`omnialign bench decode --tiny`: one row per decoder; omnialign's log-probs are the training forward's."""
+    out = tmp_path / "decode.json"
+    cli(["bench", "decode", "--tiny", "--prompts", "4", "--prompt-len", "16", "--max-new-tokens", "6", "--out",
+         str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["decoder"] for r in rows] == ["transformers generate, dynamic cache", "transformers generate, static "
+                                            "cache", "omnialign static cache, eager step",
+                                            "omnialign static cache, CUDA graph"]  # fmt: skip
+    for row in rows:
+        assert row["batch"] == 4 and 1 <= row["new_tokens"] <= 6 and row["tokens_per_s"] > 0
+        assert row["bound_tokens_per_s"] > row["decode_tokens_per_s"] and row["logprob_gap_max"] < 1e-4, row

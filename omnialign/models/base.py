@@ -72,6 +72,8 @@ class LanguagePolicy(Protocol):
     """Padding id of prompts (left) and responses (right)."""
     frozen: list[nn.Module]
     """Parts of `transformer` that never train (media towers); kept frozen under full fine-tuning too."""
+    static_decoding: bool
+    """`transformer` is a dense Qwen3-family causal LM that `rollout.decode` can sample from (text only)."""
 
     def to(self, device: torch.device) -> "LanguagePolicy":
         """Move the frozen components (media towers of an unsharded model) to the device; returns self.

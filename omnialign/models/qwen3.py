@@ -72,6 +72,7 @@ class CausalLMPolicy:
     """`LanguagePolicy` over a transformers causal LM (Qwen3 and its relatives); text only."""
 
     lora_targets = ATTENTION
+    static_decoding = True
     frozen: list[nn.Module] = []
     banned_token_ids: list[int] = []
     """Token ids a response may not hold (media placeholders): suppressed in generation, no mass in log-probs."""

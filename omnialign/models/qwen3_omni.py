@@ -116,6 +116,8 @@ def _expand(text: str, token: str, counts: list[int], kind: str) -> str:
 class OmniThinkerPolicy(CausalLMPolicy):
     """`LanguagePolicy` over `Qwen3OmniMoeThinkerForConditionalGeneration`."""
 
+    static_decoding = False  # MoE layers, M-RoPE and media towers: transformers' generate samples it
+
     def __init__(self, transformer: nn.Module, tokenizer, image_processor, feature_extractor):
         super().__init__(transformer, tokenizer)
         self.image_processor, self.feature_extractor = image_processor, feature_extractor

@@ -2,8 +2,9 @@
 
 Each prompt is encoded once and sampled n times; `generation.micro_batch_size` sequences go through
 `policy.generate` together, each chunk under its own seed (so a step's samples depend only on the
-seed and the step). A response ends at its first stop token or the end of its first stop string,
-whichever comes first; `response_mask` covers it through that point. Greedy decoding validates.
+seed and the step); dense Qwen3 models sample through `decode.generate` (static KV cache, CUDA
+graph) unless generation.decoder=transformers. A response ends at its first stop token or the end of
+its first stop string, whichever comes first; `response_mask` covers it through that point. Greedy decoding validates.
 """
 
 import torch
@@ -12,6 +13,7 @@ from tqdm import tqdm
 from omnialign.batch import TokenBatch
 from omnialign.config import GenerationConfig
 from omnialign.models.base import LanguagePolicy
+from omnialign.rollout import decode
 
 
 def left_pad(rows: list[list[int]] | list[torch.Tensor], pad: int, width: int | None = None) -> tuple:
@@ -106,8 +108,14 @@ def generate(
         devices = [] if device.index is None else [device.index]
         with torch.random.fork_rng(devices=devices, device_type=device.type):
             torch.manual_seed(seed * 1_000_003 + k)
-            out, lp = policy.generate(prompt_ids.to(device), prompt_mask.to(device), media[lo : lo + chunk],
-                                      options(config, greedy))  # fmt: skip
+            if config.decoder == "static" and policy.static_decoding:
+                sampling = (1.0 if greedy else config.temperature, config.top_k, config.top_p, greedy)
+                out, lp = decode.generate(policy.transformer, prompt_ids.to(device), prompt_mask.to(device),
+                                          policy.stop_token_ids, policy.pad_token_id, config.max_new_tokens,
+                                          *sampling)  # fmt: skip
+            else:
+                out, lp = policy.generate(prompt_ids.to(device), prompt_mask.to(device), media[lo : lo + chunk],
+                                          options(config, greedy))  # fmt: skip
         lengths = response_lengths(policy, out, config.stop).tolist()
         responses += [row[:n_] for row, n_ in zip(out.cpu(), lengths)]
         log_probs += list(lp.float().cpu())

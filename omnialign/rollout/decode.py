@@ -1,0 +1,149 @@
+"""Fast sampling from a dense Qwen3-family causal LM: a static KV cache, one batched prefill, and a decode step
+captured once as a CUDA graph and replayed for every token (on a GPU; eager elsewhere).
+
+transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an
+H200 far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs
+one graph replay and a few sampling kernels. The layers run through the network's own modules, so LoRA
+adapters apply; a network sharded with FSDP2 is unsharded for the whole generation and resharded after.
+
+Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
+default generator (seed it as the rollout does). The recorded log-prob of each sampled token is
+log softmax(logits / temperature), before top-k/top-p, as training computes it. A row that produced a stop
+token continues with padding; generation ends when every row has stopped or at `max_new_tokens`.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+CHECK_EVERY = 8  # tokens between the (host-syncing) checks whether every row has stopped
+
+
+def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
+             keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    """Float32 logits (B, V) of the last of T new tokens.
+
+    ids, positions: (B, T) tokens and their rotary positions; slots: (T,) cache slots they are written to;
+    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D)."""
+    model = net.model
+    x = model.embed_tokens(ids)
+    rope = model.rotary_emb(x, positions)
+    batch, length = ids.shape
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        heads = (batch, length, -1, attn.head_dim)
+        q = attn.q_norm(attn.q_proj(h).view(heads)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(h).view(heads)).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        keys[i].index_copy_(2, slots, k.to(keys[i].dtype))
+        values[i].index_copy_(2, slots, attn.v_proj(h).view(heads).transpose(1, 2).to(values[i].dtype))
+        if length == 1:  # decode: the query heads sharing a key/value head are its query rows (K/V read once)
+            o = F.scaled_dot_product_attention(q.reshape(batch, keys[i].shape[1], -1, attn.head_dim), keys[i],
+                                               values[i], attn_mask=visible, scale=attn.scaling)  # fmt: skip
+        else:
+            o = F.scaled_dot_product_attention(q, keys[i], values[i], attn_mask=visible, scale=attn.scaling,
+                                               enable_gqa=True).transpose(1, 2)  # fmt: skip
+        x = x + attn.o_proj(o.reshape(batch, length, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return net.lm_head(model.norm(x[:, -1])).float()
+
+
+def filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature-scaled scores (B, V) with the tokens outside the top k, then outside the nucleus of mass
+    top_p, set to -inf (transformers' TopKLogitsWarper and TopPLogitsWarper; the most likely token stays)."""
+    if top_k > 0:
+        kth = scores.topk(min(top_k, scores.shape[-1]), -1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:  # drop the tokens whose cumulative probability, from the least likely up, is <= 1 - top_p
+        ordered, order = scores.sort(-1)
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[:, -1] = False
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return scores
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, greedy: bool) -> tuple:
+    """(B,) next tokens and their log-probs log softmax(logits / temperature) from float32 logits (B, V)."""
+    scores = logits / temperature
+    if greedy:
+        token = logits.argmax(-1)
+    else:
+        token = torch.multinomial(filtered(scores, top_k, top_p).softmax(-1), 1).squeeze(-1)
+    return token, scores.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: list[int], pad_id: int,
+             max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+             graph: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Responses (B, R <= max_new_tokens) to left-padded prompts ids/mask (B, P), padded after their stop token,
+    and the float32 log-probs (B, R) of the sampled tokens. `graph`: replay the decode step as a CUDA graph
+    (default: on a CUDA device)."""
+    device, (batch, width) = ids.device, ids.shape
+    graph = device.type == "cuda" if graph is None else graph
+    units = [m for m in net.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+    try:
+        attn = net.model.layers[0].self_attn
+        length = width + max_new_tokens
+        dtype = net.model.embed_tokens.weight.dtype
+        shape = (batch, net.config.num_key_value_heads, length, attn.head_dim)
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in net.model.layers]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in net.model.layers]
+        # Which slots a token may attend to: the real prompt tokens, then each generated one from its step on.
+        # A padding position sees itself too, so that no attention row is empty.
+        seen = torch.zeros(batch, length, dtype=torch.bool, device=device)
+        seen[:, :width] = mask.bool()
+        causal = torch.ones(width, length, dtype=torch.bool, device=device).tril()
+        visible = (causal & seen[:, None]) | torch.eye(width, length, dtype=torch.bool, device=device)
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        slots = torch.arange(width, device=device)
+        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values)
+
+        # The decode step reads and writes only these buffers, so it can be captured once and replayed.
+        token_in = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        position = positions[:, -1:] + 1
+        slot = torch.full((1,), width, dtype=torch.long, device=device)
+
+        def step() -> torch.Tensor:
+            seen.index_fill_(1, slot, True)
+            return _forward(net, token_in, position, slot, seen[:, None, None], keys, values)
+
+        if graph:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                step()  # warm-up: kernels choose their algorithms outside the capture (slot `width` is rewritten)
+            torch.cuda.current_stream(device).wait_stream(side)
+            captured = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(captured):
+                graph_logits = step()
+            seen[:, width] = False
+
+        stops = torch.tensor(stop_ids, device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        tokens, logps = [], []
+        for t in range(max_new_tokens):
+            token, logp = sample(logits, temperature, top_k, top_p, greedy)
+            token = token.masked_fill(done, pad_id)
+            tokens.append(token)
+            logps.append(logp)
+            done |= torch.isin(token, stops)
+            if t + 1 == max_new_tokens or ((t + 1) % CHECK_EVERY == 0 and bool(done.all())):
+                break
+            token_in.copy_(token[:, None])
+            if graph:
+                captured.replay()
+                logits = graph_logits
+            else:
+                logits = step()
+            position += 1
+            slot += 1
+        return torch.stack(tokens, 1), torch.stack(logps, 1)
+    finally:
+        for unit in units:
+            unit.reshard()
