@@ -227,6 +227,7 @@ def parser() -> argparse.ArgumentParser:
                  "fool-steps", "refresh-steps"):  # fmt: skip
         pr.add_argument(f"--{name}", type=int)
     pr.add_argument("--label-noise", type=float)
+    pr.add_argument("--gold-init", help="stage gold: fine-tune this gold judge folder instead of training a new one")
     pr.add_argument(
         "--rl-negatives", help="uint8 images (N, 1, 32, 32) a person judged not digits (stage rl_negatives)"
     )

@@ -144,17 +144,20 @@ def augment(images: torch.Tensor, g: torch.Generator, strength: float = 1.0) -> 
 
 
 def bold_or_hazy(images: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """Legible digits (B, 1, SIZE, SIZE) in [-1, 1] drawn as generators draw them: a third of them one pixel
-    bolder, a third on a grey haze (background raised by up to 0.2), a third with a soft glow around the strokes.
-    The gold judge learns these as digits, so that it does not call a bold or hazy but legible digit "not a digit"."""
+    """Legible digits (B, 1, SIZE, SIZE) in [-1, 1] drawn as generators draw them: a quarter one pixel bolder, a
+    quarter on a grey haze (background raised by up to 0.2), a quarter with a soft glow around the strokes, a
+    quarter one or two pixels bolder with a texture inside the strokes (dimmed by up to half). The gold judge
+    learns these as digits, so that it does not call a bold, hazy or grainy but legible digit "not a digit"."""
     n, device = len(images), images.device
     x = (images.float() + 1) / 2
-    which = torch.randint(0, 3, (n, 1, 1, 1), generator=g).to(device)
+    which = torch.randint(0, 4, (n, 1, 1, 1), generator=g).to(device)
     bold = F.max_pool2d(x, 3, 1, 1)
     haze = _uniform(n, 0.05, 0.2, g).view(n, 1, 1, 1).to(device)
     hazy = haze + (1 - haze) * x
     glow = torch.maximum(x, _uniform(n, 0.2, 0.5, g).view(n, 1, 1, 1).to(device) * blur(x, _uniform(n, 1.5, 2.5, g)))
-    x = torch.where(which == 0, bold, torch.where(which == 1, hazy, glow))
+    bolder = torch.where((torch.rand(n, 1, 1, 1, generator=g) < 0.5).to(device), bold, F.max_pool2d(x, 5, 1, 2))
+    grainy = bolder * (1 - _uniform(n, 0.1, 0.5, g).view(n, 1, 1, 1).to(device) * textures(n, g).to(device))
+    x = torch.where(which == 0, bold, torch.where(which == 1, hazy, torch.where(which == 2, glow, grainy)))
     return x * 2 - 1
 
 

@@ -79,6 +79,8 @@ class PretrainConfig:
     """Where to train: cpu, cuda, or auto (cuda when there is one)."""
     gold_steps: int = 3000
     """Optimizer steps of the gold judge (batch 256)."""
+    gold_init: str | None = None
+    """Stage gold: fine-tune this judge folder (peak lr 5e-4) instead of training a new one (peak lr 2e-3)."""
     recognizer_steps: int = 3000
     """Optimizer steps of the recognizer (batch 256)."""
     clean_steps: int = 8000
@@ -439,7 +441,8 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
 
     if "gold" in config.stages:
         hard = torch.load(config.rl_negatives).float().div(127.5).sub(1) if Path(config.rl_negatives).exists() else None
-        gold = train_gold(config, device, config.gold_steps, hard=hard)
+        init = GoldJudge.from_pretrained(config.gold_init) if config.gold_init else None
+        gold = train_gold(config, device, config.gold_steps, init, hard, lr=5e-4 if init else 2e-3)
         report["gold"] = gold_quality(gold, config.seed, device, config.eval_count)
         print("gold judge:", json.dumps(report["gold"]))
         gold.save_pretrained(out / "gold")
