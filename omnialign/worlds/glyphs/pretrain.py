@@ -8,10 +8,11 @@ then harden the recognizer against what RL finds to fool it.
 
 The shipped assets were made so (pretrain.json says the same): gold, recognizer and teacher on one H200
 (84 s, 50 s, 219 s), base (505 s), fooling (637 s) and rl_negatives (399 s) on a 2-core CPU, where the
-first three stages would take about 5 hours.
+first three stages would take about 5 hours; the shipped gold judge was then fine-tuned on that CPU
+(`--stages gold --gold-init`, 300 steps, 324 s).
 
 1. The gold judge (`gold.py`) learns the renderer's digits under strong augmentation (half of them drawn
-   bold, hazy or glowing first, as generators draw them) and the hard negatives of `data.negatives` and
+   bold, hazy, glowing or grainy first, as generators draw them) and the hard negatives of `data.negatives` and
    `rl_negatives`, with an explicit not-a-digit class.
 2. The recognizer (`recognizer.py`, the reward) learns strings of one and two characters under the
    same augmentation, and reads every negative as blank (probability near 0 for every digit).
