@@ -4,7 +4,8 @@ Each prompt is encoded once and sampled n times; `generation.micro_batch_size` s
 `policy.generate` together, each chunk under its own seed (so a step's samples depend only on the
 seed and the step); dense Qwen3 models sample through `decode.generate` (static KV cache, CUDA
 graph) unless generation.decoder=transformers. A response ends at its first stop token or the end of
-its first stop string, whichever comes first; `response_mask` covers it through that point. Greedy decoding validates.
+its first stop string, whichever comes first; `response_mask` covers it through that point. Greedy
+decoding validates.
 """
 
 import torch

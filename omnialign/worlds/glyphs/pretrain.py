@@ -128,6 +128,11 @@ class PretrainConfig:
     """Fine-tuning steps of the gold judge and of the recognizer in stage rl_negatives."""
 
 
+def stored_images(path: str | Path) -> torch.Tensor:
+    """Images saved as uint8 (N, 1, SIZE, SIZE) (the RL negatives, the fooling bank), in [-1, 1]."""
+    return torch.load(path).float().div(127.5).sub(1)
+
+
 def pick_device(name: str) -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
@@ -441,7 +446,7 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         (out / "pretrain.json").write_text(json.dumps(report, indent=2))
 
     if "gold" in config.stages:
-        hard = torch.load(config.rl_negatives).float().div(127.5).sub(1) if Path(config.rl_negatives).exists() else None
+        hard = stored_images(config.rl_negatives) if Path(config.rl_negatives).exists() else None
         init = GoldJudge.from_pretrained(config.gold_init) if config.gold_init else None
         gold = train_gold(config, device, config.gold_steps, init, hard, lr=5e-4 if init else 2e-3)
         report["gold"] = gold_quality(gold, config.seed, device, config.eval_count)
@@ -469,7 +474,7 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
     if "fooling" in config.stages:
         harden_recognizer(config, out, recognizer, gold, device, report, lap)
     if "rl_negatives" in config.stages:
-        hard = torch.load(config.rl_negatives).float().div(127.5).sub(1)
+        hard = stored_images(config.rl_negatives)
         gold = train_gold(config, device, config.rl_negative_steps, gold, hard, lr=5e-4)
         recognizer = train_recognizer(config, device, config.rl_negative_steps, recognizer, hard, lr=5e-4)
         report["rl_negatives"] = {
@@ -500,7 +505,7 @@ def harden_recognizer(config: PretrainConfig, out: Path, recognizer: Recognizer,
                       device: torch.device, report: dict, lap) -> None:  # fmt: skip
     """Fooling rounds (see the module docstring), continuing the bank and the rounds of earlier calls."""
     bank_path = out / "recognizer" / "fooling_samples.pt"
-    fooling = torch.load(bank_path).float().div(127.5).sub(1) if bank_path.exists() else torch.zeros(0, 1, SIZE, SIZE)
+    fooling = stored_images(bank_path) if bank_path.exists() else torch.zeros(0, 1, SIZE, SIZE)
     rounds = report.setdefault("fooling_rounds", [])
     for r in range(len(rounds), len(rounds) + config.fool_rounds):
         round_dir = out / "fooling_runs" / f"round_{r}"

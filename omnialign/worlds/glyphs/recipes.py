@@ -102,9 +102,7 @@ def glyphs_online_dpo() -> Config:
     c = _variant("glyphs_online_dpo", "online_dpo")
     c.rollout.window_size = 0
     c.algorithm.dpo_min_gap = 0.1  # without it the pairs of saturated prompts are ties and 300 GPU steps collapsed
-    c.algorithm.dpo_beta = (
-        800.0  # 300 GPU steps at 200 (and lr 5e-5) collapsed to textured images; 800: 3 of 3 seeds held
-    )
+    c.algorithm.dpo_beta = 800.0  # at 200 one of two 300-step GPU runs collapsed; at 800 four of four held
     c.actor.micro_batch_size = 8
     c.actor.mini_batch_size = None
     c.actor.lr = 1e-4
