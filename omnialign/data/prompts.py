@@ -5,15 +5,23 @@ A prompt set is a glyphs set by name (digits, pairs) or a file: `.txt` (one prom
 or `.parquet` (a `prompt` column, e.g. from `omnialign prepare ocr`). Every other key or column
 of a prompt (`ground_truth`, ...) is its metadata, which rewards receive (`load_prompt_set`).
 
+An editing prompt (an instruction) brings its source images in the metadata key "sources": a list whose
+entries are image paths (relative ones from the prompt file's folder), encoded image bytes (PNG, JPEG: a
+parquet binary column) or float tensors (C, H, W) in [0, 1]. `source_images` decodes one prompt's; the
+trainer hands the decoded tensors to the rollout and, in the metadata, to the rewards.
+
 The stream depends only on (seed, step), so resuming at a step needs no saved state beyond the
 step itself, and every rank computes the same global list before taking its share of groups.
 """
 
+import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import torch
+from PIL import Image, UnidentifiedImageError
 
 from omnialign.worlds.glyphs import PROMPT_SETS
 
@@ -71,7 +79,49 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[dict]]:
     if not items:
         raise ValueError(f"{path} holds no prompts; give at least one")
     prompts, metadata = zip(*(_prompt_item(item, where) for item, where in items))
+    for meta, (_, where) in zip(metadata, items):
+        if "sources" in meta:
+            meta["sources"] = _source_paths(meta["sources"], path.parent, where)
     return list(prompts), list(metadata)
+
+
+def _source_paths(sources: object, folder: Path, where: str) -> list:
+    """A prompt's "sources" with relative paths made absolute from `folder`; FileNotFoundError for a missing file."""
+    if not isinstance(sources, (list, tuple)) or not sources:
+        raise ValueError(f'{where}: "sources" must be a non-empty list of image paths or bytes, got {sources!r:.200}')
+    out = []
+    for source in sources:
+        if isinstance(source, str):
+            source = folder / source
+            if not source.is_file():
+                raise FileNotFoundError(f'{where}: source image {source} does not exist (paths in "sources" are '
+                                        f"relative to the prompt file's folder {folder})")  # fmt: skip
+            source = str(source)
+        out.append(source)
+    return out
+
+
+def source_images(meta: dict, where: str = "prompt") -> list[torch.Tensor]:
+    """The source images of one editing prompt, `meta["sources"]`, as float tensors (C, H, W) in [0, 1] (C = 1 for
+    grayscale, else 3); ValueError naming the prompt `where` and the entry when one is missing or unreadable."""
+    if "sources" not in meta:
+        raise ValueError(f'{where} has no "sources": an editing model needs the source images of every prompt '
+                         "(a prompt file from `omnialign prepare edit`)")  # fmt: skip
+    images = []
+    for i, source in enumerate(meta["sources"]):
+        if isinstance(source, torch.Tensor):
+            images.append(source)
+            continue
+        try:
+            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+            image = image.convert("L" if image.mode in ("1", "L", "I", "I;16") else "RGB")
+        except (OSError, UnidentifiedImageError) as e:
+            name = source if isinstance(source, str) else f"{len(source)} bytes"
+            raise ValueError(f"{where}: source {i} ({name:.200}) is not a readable image: {e}") from None
+        pixels = torch.from_numpy(np.asarray(image).copy())
+        pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
+        images.append(pixels.float() / 255)
+    return images
 
 
 def load_prompt_set(name: str) -> tuple[list[str], list[dict]]:

@@ -17,14 +17,20 @@ class DiffusionPolicy(Protocol):
     """The trained network. Trainers may wrap or shard it; adapters call it by this name."""
     lora_targets: list[str]
     """Default LoRA target module names of the trained network."""
+    edits: bool
+    """An editing model (Qwen-Image-Edit, FLUX.1-Kontext, the glyphs edit model): its prompts are instructions,
+    and each brings source images (`sources` of `encode_prompts`; the prompt metadata's "sources")."""
 
     def to(self, device: torch.device) -> "DiffusionPolicy":
         """Move the frozen components (encoders, decoder) to the device; returns self. The trained
         network is placed by the engine (sharding moves it, or keeps it in host memory when offloaded)."""
         ...
 
-    def encode_prompts(self, prompts: list[str]) -> TensorDict:
-        """Prompt conditions with batch size len(prompts) (embeddings, masks, pooled vectors)."""
+    def encode_prompts(self, prompts: list[str], sources: list[list[torch.Tensor]] | None = None) -> TensorDict:
+        """Prompt conditions with batch size len(prompts) (embeddings, masks, pooled vectors). An editing model
+        takes `sources[i]`, the source images of prompt i (each (C, H, W) float in [0, 1], C = 1 or 3), encodes
+        them as its pipeline does and keeps what its network reads of them (the source latents) in the
+        conditions, so that replaying a stored transition needs nothing else. Text-to-image models take None."""
         ...
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:

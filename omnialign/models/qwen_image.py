@@ -56,6 +56,7 @@ class QwenImagePolicy:
     """`DiffusionPolicy` over Qwen-Image; latents (B, H/16, W/16, 4*z) are packed tokens on their grid."""
 
     lora_targets = LORA_TARGETS
+    edits = False
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class QwenImagePolicy:
         return self
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> TensorDict:
+    def encode_prompts(self, prompts: list[str], sources: None = None) -> TensorDict:
         """embeds (B, max_sequence_length, D) in the text encoder's dtype, mask (B, max_sequence_length) long."""
         tokens = self.tokenizer(
             [PROMPT_TEMPLATE.format(p) for p in prompts],

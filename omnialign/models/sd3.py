@@ -44,6 +44,7 @@ class SD3Policy:
     """`DiffusionPolicy` over SD3 / SD3.5; latents are the scaled VAE latents (B, C, H/8, W/8)."""
 
     lora_targets = LORA_TARGETS
+    edits = False
 
     def __init__(
         self,
@@ -75,7 +76,7 @@ class SD3Policy:
         return torch.tensor(tokens.input_ids, device=self.text_encoders[index].device)
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> TensorDict:
+    def encode_prompts(self, prompts: list[str], sources: None = None) -> TensorDict:
         """embeds (B, 77 + max_sequence_length, T5 width), pooled (B, CLIP-L + CLIP-G projection width)."""
         clip_length = self.tokenizers[0].model_max_length  # the pipeline uses the first tokenizer's for both
         hidden, pooled = [], []

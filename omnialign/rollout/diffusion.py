@@ -41,12 +41,15 @@ def window_starts(seeds: torch.Tensor, config: RolloutConfig, step: int, seed: i
     return torch.full((len(seeds),), start, dtype=torch.long)
 
 
-def _conditions(policy: DiffusionPolicy, prompts: list[str], config: RolloutConfig) -> tuple:
-    """Prompt conditions, and the negative prompt's when CFG is on (else None)."""
+def _conditions(
+    policy: DiffusionPolicy, prompts: list[str], sources: list[list[torch.Tensor]] | None, config: RolloutConfig
+) -> tuple:
+    """Prompt conditions, and the negative prompt's when CFG is on (else None); an editing model's negative
+    conditions see the same source images, as its pipeline's do."""
     uncond = None
     if config.guidance != 1.0:
-        uncond = policy.encode_prompts([config.negative_prompt] * len(prompts))
-    return policy.encode_prompts(prompts), uncond
+        uncond = policy.encode_prompts([config.negative_prompt] * len(prompts), sources)
+    return policy.encode_prompts(prompts, sources), uncond
 
 
 @torch.no_grad()
@@ -61,6 +64,7 @@ def generate(
     step: int = 0,
     seed: int = 0,
     on_chunk: Callable[[torch.Tensor, slice], None] = lambda images, rows: None,
+    sources: list[list[torch.Tensor]] | None = None,
 ) -> tuple[Trajectory, torch.Tensor]:
     """Sample one image per prompt with an SDE window per sample; returns (Trajectory, images (B, C, H, W)).
 
@@ -68,7 +72,8 @@ def generate(
     the network together. `step` and `seed` place the window of the shared schedules (MixGRPO).
     With `config.window_size=0` the whole path is the ODE and only the clean samples are kept.
     `on_chunk(images, rows)` runs as soon as a chunk is decoded (to score it while the next one
-    is generated). The trajectory stays on `device`.
+    is generated). An editing model takes each sample's source images `sources` (B lists of (C, H, W) in
+    [0, 1]). The trajectory stays on `device`.
     """
     sigmas = policy.schedule(config.steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
@@ -77,7 +82,7 @@ def generate(
     chunks = range(0, len(prompts), config.micro_batch_size)
     for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
         sl = slice(lo, lo + config.micro_batch_size)
-        cond, uncond = _conditions(policy, prompts[sl], config)
+        cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
         out = sample(
             policy.velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
             guidance=config.guidance, cfg_rescale=config.cfg_rescale, kind=config.kind, eta=config.eta,
@@ -104,15 +109,21 @@ def generate(
 
 @torch.no_grad()
 def generate_ode(
-    policy: DiffusionPolicy, prompts: list[str], seeds: torch.Tensor, config: RolloutConfig, device: torch.device
+    policy: DiffusionPolicy,
+    prompts: list[str],
+    seeds: torch.Tensor,
+    config: RolloutConfig,
+    device: torch.device,
+    sources: list[list[torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """Deterministic ODE samples for validation: images (B, C, H, W) in [0, 1], one per prompt."""
+    """Deterministic ODE samples for validation: images (B, C, H, W) in [0, 1], one per prompt (and its
+    source images for an editing model)."""
     sigmas = policy.schedule(config.val_steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
     images = []
     for lo in range(0, len(prompts), config.micro_batch_size):
         sl = slice(lo, lo + config.micro_batch_size)
-        cond, uncond = _conditions(policy, prompts[sl], config)
+        cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
         out = sample(policy.velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
                      guidance=config.guidance, cfg_rescale=config.cfg_rescale, device=device)  # fmt: skip
         images.append(policy.decode(out.final))

@@ -9,7 +9,7 @@ from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.batch import Trajectory
 from omnialign.config import Config, training_batch
-from omnialign.data.prompts import load_prompt_set, prompts_for_step
+from omnialign.data.prompts import load_prompt_set, prompts_for_step, source_images
 from omnialign.engine import dist
 from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer, diversity, save_grid
@@ -43,6 +43,14 @@ class OnlineTrainer:
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts, self.metadata = load_prompt_set(config.data.prompts)
         self.val_prompts, self.val_metadata = load_prompt_set(config.data.val_prompts)
+        for field, name, metadata in (("data.prompts", config.data.prompts, self.metadata),
+                                      ("data.val_prompts", config.data.val_prompts, self.val_metadata)):  # fmt: skip
+            with_sources = sum("sources" in m for m in metadata)
+            if with_sources != (len(metadata) if policy.edits else 0):
+                kind = "an editing model: every prompt needs" if policy.edits else "text-to-image: no prompt takes"
+                raise ValueError(f"{field}={name!r}: {with_sources} of {len(metadata)} "
+                                 f'prompts have source images, but model.arch={config.model.arch} is {kind} "sources"'
+                                 " (prompt files with sources come from `omnialign prepare edit`)")  # fmt: skip
         self.rewards, self.gold = reward_worker, reward_worker.gold
         self.timer = Timer(sync)
         self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
@@ -55,7 +63,7 @@ class OnlineTrainer:
             futures = []
             submit = lambda images, rows: futures.append(self.rewards.submit(images, prompts[rows], meta[rows]))  # noqa: E731
             traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress, step,
-                                    c.seed, on_chunk=submit)  # fmt: skip
+                                    c.seed, on_chunk=submit, sources=self.sources(meta))  # fmt: skip
         with phase("reward_wait"):
             reward, parts, reward_metrics = self.collect(futures)
         with phase("advantage"):
@@ -96,7 +104,16 @@ class OnlineTrainer:
         seeds = sample_seeds(c.seed, step, c.data.prompts_per_step * n)[first * n : (first + per_rank) * n]
         group = torch.arange(first, first + per_rank).repeat_interleave(n)
         prompts = [self.prompts[i] for i in index for _ in range(n)]
-        return prompts, [self.metadata[i] for i in index for _ in range(n)], group, seeds
+        meta = [self.decoded(self.metadata[i], f"data.prompts item {i}") for i in index]
+        return prompts, [m for m in meta for _ in range(n)], group, seeds
+
+    def decoded(self, meta: dict, where: str) -> dict:
+        """A prompt's metadata with its source images decoded to tensors (editing models); else as it is."""
+        return {**meta, "sources": source_images(meta, where)} if self.policy.edits else meta
+
+    def sources(self, meta: list[dict]) -> list[list[torch.Tensor]] | None:
+        """Each sample's source images for an editing model, None for text-to-image."""
+        return [m["sources"] for m in meta] if self.policy.edits else None
 
     def recompute_old(self, traj: Trajectory) -> dict[str, torch.Tensor]:
         """Old-policy log-probs and means by a forward-only replay; returns the gap to the rollout's."""
@@ -134,8 +151,10 @@ class OnlineTrainer:
         padded = prompts + prompts[-1:] * (share * world.size - len(prompts))
         mine = slice(world.rank * share, (world.rank + 1) * share)
         seeds = torch.arange(len(padded)) + VAL_SEED
-        images_mine = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device)
-        meta = [self.val_metadata[min(i, len(prompts) - 1) // n] for i in range(len(padded))]
+        val_meta = [self.decoded(m, f"data.val_prompts item {i}") for i, m in enumerate(self.val_metadata)]
+        meta = [val_meta[min(i, len(prompts) - 1) // n] for i in range(len(padded))]
+        images_mine = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device,
+                                   self.sources(meta[mine]))  # fmt: skip
         reward, failures = self.score(images_mine, padded[mine], meta[mine])
         images = dist.all_gather(images_mine)[: len(prompts)]
         reward = dist.all_gather(reward.to(world.device))[: len(prompts)]

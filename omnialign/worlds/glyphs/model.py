@@ -65,7 +65,10 @@ LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", 
 
 
 class GlyphsPolicy:
-    """`DiffusionPolicy` over the glyphs generator; pixels are the latents (decode is a rescale)."""
+    """`DiffusionPolicy` over the glyphs generator; pixels are the latents (decode is a rescale).
+
+    The edit model (`in_channels=2`) reads the source image as a second input channel beside the noisy
+    latent (InstructPix2Pix-style conditioning): the conditions keep the source in [-1, 1] as "source"."""
 
     lora_targets = LORA_TARGETS
 
@@ -73,6 +76,7 @@ class GlyphsPolicy:
         self.transformer = transformer
         self.text_encoder = text_encoder
         self.shift = shift
+        self.edits = transformer.config.in_channels == 2
 
     def to(self, device: torch.device) -> "GlyphsPolicy":
         if self.text_encoder is not None:
@@ -80,12 +84,19 @@ class GlyphsPolicy:
         return self
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> TensorDict:
+    def encode_prompts(self, prompts: list[str], sources: list[list[torch.Tensor]] | None = None) -> TensorDict:
         hidden, pooled = self.text_encoder(self.text_encoder.tokenize(prompts))
-        return TensorDict(hidden=hidden, pooled=pooled, batch_size=[len(prompts)])
+        cond = TensorDict(hidden=hidden, pooled=pooled, batch_size=[len(prompts)])
+        if self.edits:
+            if sources is None or any(len(s) != 1 or s[0].shape != (1, SIZE, SIZE) for s in sources):
+                raise ValueError(f"the glyphs edit model takes one grayscale {SIZE}x{SIZE} source image per prompt")
+            cond["source"] = torch.stack([s[0] for s in sources]).to(hidden.device) * 2 - 1
+        return cond
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
         dtype = self.transformer.dtype
+        if self.edits:
+            latents = torch.cat([latents, cond["source"].to(latents.dtype)], dim=1)
         return self.transformer(
             hidden_states=latents.to(dtype),
             encoder_hidden_states=cond["hidden"].to(dtype),
