@@ -7,11 +7,13 @@ omnialign train glyphs --resume auto         # continue from the newest checkpoi
 torchrun --nproc-per-node 4 -m omnialign train RECIPE   # FSDP2 over 4 processes
 omnialign export runs/glyphs/checkpoints/step_000200 --to out/   # PEFT/diffusers adapter or full model
 omnialign judge --data DATA --base MODEL --adapter RUN --judge-url URL --out eval/results.jsonl  # docs/judge.md
+omnialign eval geneval --data META.jsonl --judge-url URL --out eval/geneval.jsonl  # docs/judge.md
 omnialign serve-reward ocr --port 8000       # a reward over HTTP (docs/rewards.md)
 omnialign prepare glyphs                     # retrain the shipped glyphs base model and OCR
 omnialign prepare choice                     # retrain the shipped choice-world language model
 omnialign prepare avqa ITEMS.json OUT.parquet  # also mmk12, omni-preference (omnialign/data/omni.py)
 omnialign prepare ocr INPUT_DIR OUT_DIR      # OCR prompt files (train.txt, test.txt) to parquet (docs/data.md)
+omnialign prepare edit EDITS.jsonl OUT.parquet  # instruction + source images to a prompt parquet (docs/data.md)
 omnialign prepare offline-dpo PROMPTS OUT_DIR model.arch=sd3 model.path=DIR reward.weights='{"ocr": 1}'
 """
 
@@ -76,6 +78,18 @@ def cmd_prepare_ocr(args: argparse.Namespace) -> None:
         raise SystemExit(f"prepare ocr: {e}") from None
     for path, rows in written.values():
         print(f"wrote {path} ({rows} prompts)")
+
+
+def cmd_prepare_edit(args: argparse.Namespace) -> None:
+    from omnialign.prepare.edit import parse_size, prepare_edit
+
+    try:
+        size = None if args.size is None else parse_size(args.size)
+        c = prepare_edit(args.input, args.out, args.store_images, size)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"prepare edit: {e}") from None
+    stored = f"stored, {c['image_bytes']:,} bytes of PNG" if args.store_images else "referenced"
+    print(f"wrote {args.out} ({c['rows']} rows, {c['images']} images {stored}; {c['file_bytes']:,} bytes)")
 
 
 def cmd_prepare_offline_dpo(args: argparse.Namespace) -> None:
@@ -165,6 +179,19 @@ def cmd_judge(args: argparse.Namespace) -> None:
         print(format_summary(summary))
 
 
+def cmd_eval(args: argparse.Namespace) -> None:
+    from omnialign.config import ConfigError
+    from omnialign.evaluate import format_summary, main
+    from omnialign.rewards.client import RewardServerError
+
+    try:
+        summary = main(args.data, args.out, args.base, args.adapter, args.judge_url, args.judge_model, args.seeds,
+                       args.seed, args.overrides, args.concurrency, args.max_prompts)  # fmt: skip
+    except (ConfigError, ValueError, OSError, RewardServerError) as e:
+        raise SystemExit(f"eval {args.benchmark}: {e}") from None
+    print(format_summary(summary))
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     from omnialign.bench import main
 
@@ -183,8 +210,9 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
     be = sub.add_parser("bench", help="speed and memory benchmarks (results go to BENCHMARKS.md)")
     be.add_argument("name", choices=["staging", "recipe", "language", "decode"])
-    be.add_argument("--recipe", help="recipe: a Qwen-Image recipe (default qwen_image_ocr_flowgrpo_lora); language: "
-                    "a qwen3/qwen3_omni recipe of dpo, grpo, dapo or gspo (default qwen3_omni_dpo)")  # fmt: skip
+    be.add_argument("--recipe", help="recipe: a Qwen-Image(-Edit) or FLUX recipe (default "
+                    "qwen_image_ocr_flowgrpo_lora); language: a qwen3/qwen3_omni recipe of dpo, grpo, dapo or gspo "
+                    "(default qwen3_omni_dpo)")  # fmt: skip
     be.add_argument("--prompts", type=int, help="recipe, language: prompts (DPO: pairs) per GPU per step "
                     "(default: recipe 8; language the recipe's data.prompts_per_step); decode: the batch "
                     "(128)")  # fmt: skip
@@ -224,9 +252,10 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int)
     pr.add_argument("--device", help="cpu, cuda or auto (default)")
     for name in ("gold-steps", "recognizer-steps", "clean-steps", "noisy-steps", "eval-every", "fool-rounds",
-                 "fool-steps", "refresh-steps"):  # fmt: skip
+                 "fool-steps", "refresh-steps", "edit-steps"):  # fmt: skip
         pr.add_argument(f"--{name}", type=int)
-    pr.add_argument("--label-noise", type=float)
+    for name in ("label-noise", "edit-copy", "edit-lr"):
+        pr.add_argument(f"--{name}", type=float)
     pr.add_argument("--gold-init", help="stage gold: fine-tune this gold judge folder instead of training a new one")
     pr.add_argument(
         "--rl-negatives", help="uint8 images (N, 1, 32, 32) a person judged not digits (stage rl_negatives)"
@@ -236,7 +265,9 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--noisy-lr", type=float)
     pr.add_argument("--noisy-batch", type=int)
     pr.add_argument(
-        "--stages", nargs="+", help="stages to run (gold recognizer teacher base fooling rl_negatives; default all)"
+        "--stages",
+        nargs="+",
+        help="stages to run (gold recognizer teacher base fooling rl_negatives edit; default all)",
     )
     pr.add_argument("--snapshots", help="also save the EMA generator at every evaluation under this folder")
     pr.add_argument("--fool-recipes", nargs="+", help="recipes whose RL runs look for samples that fool the reward")
@@ -264,6 +295,18 @@ def parser() -> argparse.ArgumentParser:
                     "there; NAME must be a key of reward.weights (repeatable)")  # fmt: skip
     pd.add_argument("--no-progress", action="store_true", help="no progress bar")
     pd.set_defaults(fn=cmd_prepare_offline_dpo)
+    pe = prep.add_parser("edit", help="an image-editing dataset (instruction, source images) to a prompt parquet",
+                         description="INPUT (.jsonl, .json, .csv, .parquet; rows: instruction or prompt, source or "
+                         "sources, optional target_text, reference, mask) -> OUT.parquet (docs/data.md)")  # fmt: skip
+    pe.add_argument("input", help="the editing dataset; image paths in it are relative to its folder")
+    pe.add_argument("out", help="output .parquet (a prompt file for data.prompts)")
+    how = pe.add_mutually_exclusive_group()
+    how.add_argument("--store-images", dest="store_images", action="store_true", default=True,
+                     help="store the images in the parquet as PNG (the default)")  # fmt: skip
+    how.add_argument("--reference-images", dest="store_images", action="store_false",
+                     help="write the images' paths, relative to OUT's folder, instead")  # fmt: skip
+    pe.add_argument("--size", metavar="WxH", help="resize stored images to WxH pixels, e.g. 512x512")
+    pe.set_defaults(fn=cmd_prepare_edit)
     pc = prep.add_parser("choice", help="pretrain the choice world's base language model and its noised student")
     pc.add_argument("--out", help="output folder (default: the package's shipped assets)")
     pc.add_argument("--seed", type=int)
@@ -325,6 +368,26 @@ def parser() -> argparse.ArgumentParser:
     jd.add_argument("--judge-media", nargs="*", default=media, choices=media, help="prompt media sent to the judge")
     jd.add_argument("--concurrency", type=int, default=4, help="judge requests in flight")
     jd.set_defaults(fn=cmd_judge)
+    ev = sub.add_parser("eval", help="benchmarks of an image generator, scored behind an endpoint (docs/judge.md)")
+    ge = ev.add_subparsers(dest="benchmark", required=True).add_parser(
+        "geneval", help="GenEval-style object, count, colour and position accuracy, checked by a VLM",
+        description="omnialign eval geneval --data META.jsonl [--base MODEL] [--adapter PATH] --judge-url URL "
+        "--out NAME.jsonl [key=value ...]")  # fmt: skip
+    ge.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.val_steps=28 "
+                    "rollout.height=512 rollout.guidance=4.5 model.dtype=bfloat16")  # fmt: skip
+    ge.add_argument("--data", required=True, help="GenEval metadata: a prompt file whose items carry tag, include "
+                    "and exclude (evaluation_metadata.jsonl)")  # fmt: skip
+    ge.add_argument("--out", required=True, help="scores NAME.jsonl; images, settings, summary go beside it")
+    ge.add_argument("--base", help="the generator's folder (default: the glyphs world's model, or the base of an "
+                    "omnialign checkpoint --adapter)")  # fmt: skip
+    ge.add_argument("--adapter", help="PEFT or full model folder, omnialign checkpoint or run folder (as for judge)")
+    ge.add_argument("--judge-url", help="OpenAI-compatible API base of the VLM, e.g. http://127.0.0.1:8001")
+    ge.add_argument("--judge-model", help="model name sent to the VLM (default: the first of its /models)")
+    ge.add_argument("--seeds", type=int, default=4, help="images per prompt, each from its own noise (GenEval: 4)")
+    ge.add_argument("--seed", type=int, default=0, help="seeds the noise of every image")
+    ge.add_argument("--max-prompts", type=int, help="most prompts, split evenly across tags")
+    ge.add_argument("--concurrency", type=int, default=4, help="images scored at a time")
+    ge.set_defaults(fn=cmd_eval)
     return p
 
 

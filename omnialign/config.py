@@ -8,6 +8,7 @@ the fix. Each field's docstring is its documentation (`omnialign train RECIPE --
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import json
 import math
@@ -44,7 +45,17 @@ class ModelConfig:
     no VAE and no text encoders (diffusion adapters)."""
     text_tokens: int | None = None
     """Text length prompt conditions are padded (and truncated) to; None keeps the pipeline's default
-    (Qwen-Image 512, SD3's T5 256). Shorter is cheaper and exact while prompts fit."""
+    (Qwen-Image 512, SD3's T5 256). Shorter is cheaper and exact while prompts fit (FLUX's T5 512, at most 512:
+    FLUX attends to its padding, so a length is the pipelines' `max_sequence_length`, not a free choice)."""
+    embedded_guidance: float | None = None
+    """Guidance-distilled models (FLUX.1-dev, FLUX.1-Kontext): the guidance value the transformer embeds, in place
+    of true CFG (the pipelines' `guidance_scale`), at rollout and in training; None takes the default (FLUX.1-dev
+    3.5, FLUX.1-Kontext 2.5 as its model card). True CFG (rollout.guidance) stays off for them."""
+    source_resize: bool = True
+    """Editing models: resize each source image as the pipeline does by default (FLUX.1-Kontext: to its preferred
+    resolution of about 1 MP nearest the source's aspect ratio; Qwen-Image-Edit: to about 1024x1024 at the source's
+    aspect ratio, sides multiples of 32); false keeps the source's own size, floored to the model's multiple
+    (FluxKontextPipeline's `_auto_resize=False`): cheaper with sources stored small."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter of the trained network (rank 0: full fine-tuning)."""
 
@@ -264,6 +275,12 @@ class TrainerConfig:
     """Show a progress bar per phase."""
     save_val_images: bool = False
     """Diffusion: also save each validation's images, prompts and rewards as samples/step_N.pt (uint8 images)."""
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers that receive metrics.jsonl's scalars, the validation grids and the config (metrics.jsonl
+    is always written): any of tensorboard, wandb, trackio, swanlab, mlflow, each offline or local by default
+    (docs/tracking.md); all but tensorboard are extras: pip install 'omnialign[wandb]'."""
+    project: str = "omnialign"
+    """The tracker project (wandb, trackio, swanlab) or experiment (mlflow) the run is filed under, as `name`."""
 
 
 @dataclass
@@ -302,6 +319,8 @@ DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "online_dpo", "
 LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "distill")
+LOGGERS = ("tensorboard", "wandb", "trackio", "swanlab", "mlflow")
+"""trainer.loggers choices; each is also the name of its Python module and of its package's extra."""
 
 
 def flat_fields(cls: type = Config, prefix: str = "") -> dict[str, typing.Any]:
@@ -445,6 +464,11 @@ def validate(config: Config) -> Config:
         (config.trainer.keep_last >= 0,
          f"trainer.keep_last={config.trainer.keep_last} must be >= 0 (the newest checkpoints kept; 0 keeps all)"),
         (config.trainer.total_steps >= 1, f"trainer.total_steps={config.trainer.total_steps} must be at least 1"),
+        *[(name in LOGGERS, f"trainer.loggers={config.trainer.loggers}: {name!r} is not one of {', '.join(LOGGERS)}")
+          for name in config.trainer.loggers],
+        *[(importlib.util.find_spec(name) is not None,
+           f"trainer.loggers={config.trainer.loggers}: {name} is not installed; pip install 'omnialign[{name}]' "
+           f"(or pip install {name})") for name in config.trainer.loggers if name in LOGGERS],
         (bool(config.name) and "/" not in config.name and "\\" not in config.name and config.name not in (".", ".."),
          f"name={config.name!r} must be a plain folder name (no '/', not '.' or '..'): the run writes only inside "
          f"trainer.output_dir/name; put the parent folder in trainer.output_dir"),

@@ -50,6 +50,7 @@ from omnialign.models import LOADERS
 from omnialign.models.qwen3_omni import SAMPLE_RATE, load_audio, load_frames, load_image
 from omnialign.rewards.base import to_pil
 from omnialign.rewards.client import RewardServerError, post_json
+from omnialign.rewards.vlm import served_model
 from omnialign.rollout.diffusion import generate_ode
 from omnialign.rollout.language import generate
 from omnialign.worlds.glyphs import PROMPT_SETS
@@ -493,15 +494,6 @@ def chat_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--judge-url {url!r}: expected http://HOST:PORT or an API base such as http://HOST:PORT/v1")
     return url if urlparse(url).path else url + "/v1"
-
-
-def served_model(api: str) -> str:
-    """The first model the endpoint lists (GET /models), for when --judge-model is not given."""
-    try:
-        listing = post_json(f"{api}/models", None, os.environ.get("OPENAI_API_KEY"), timeout=30.0, retries=2)
-        return listing["data"][0]["id"]
-    except (RewardServerError, KeyError, IndexError, TypeError) as e:
-        raise RewardServerError(f"{api}/models: could not list the judge's models ({e}); pass --judge-model") from None
 
 
 def judge_item(item: dict, reference: dict, trained: dict, api: str, model: str, seed: int, root: Path,

@@ -1,4 +1,4 @@
-"""Metrics sinks (console, JSONL, TensorBoard), phase timing, sample grids and reward curves.
+"""Metrics sinks (console, JSONL and the trackers of trainer.loggers), phase timing, sample grids and reward curves.
 
 Metric values arrive as tensors and are brought to the host together, once per step.
 """
@@ -11,6 +11,9 @@ from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
+
+from omnialign.config import Config, to_dict
+from omnialign.trackers import IDS, SINKS
 
 
 class Timer:
@@ -81,24 +84,33 @@ def summary_line(step: int, total: int, m: dict[str, float]) -> str:
 
 
 class MetricsLog:
-    """Appends one JSON object per step to metrics.jsonl, mirrors scalars to TensorBoard, prints a line."""
+    """Appends one JSON object per step to metrics.jsonl, sends the same scalars (and the step's images) to the
+    trackers of trainer.loggers, prints a line. A tracker run's id is kept in trackers.json, so that a resumed run
+    (whose folder keeps that file) reopens the same tracker run."""
 
-    def __init__(self, run_dir: Path, total_steps: int, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, config: Config):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.total_steps = total_steps
-        self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        self.total_steps = config.trainer.total_steps
+        ids_path = Path(run_dir) / IDS
+        ids = json.loads(ids_path.read_text()) if ids_path.exists() else {}
+        self.trackers = [SINKS[name](Path(run_dir), config.trainer.project, config.name, to_dict(config), ids.get(name))
+                         for name in config.trainer.loggers]  # fmt: skip
+        ids.update({name: t.id for name, t in zip(config.trainer.loggers, self.trackers) if t.id is not None})
+        if ids:
+            write_atomic(ids_path, json.dumps(ids, indent=2))
 
-            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-
-    def log(self, step: int, metrics: dict[str, float], echo: Callable[[str], None] = print) -> None:
+    def log(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        echo: Callable[[str], None] = print,
+        images: dict[str, Path] | None = None,
+    ) -> None:
+        """Record a step's scalars; `images` ({key: PNG path}, e.g. the validation grid) go to the trackers."""
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self.writer is not None:
-            for k, v in metrics.items():
-                self.writer.add_scalar(k, v, step)
-            self.writer.flush()
+        for tracker in self.trackers:
+            tracker.log(step, metrics, images or {})
         echo(summary_line(step, self.total_steps, metrics))
 
     def truncate_after(self, step: int) -> None:
@@ -109,8 +121,8 @@ class MetricsLog:
             write_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -132,6 +144,11 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = Path(path).with_name(f".{Path(path).name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def grid_path(run_dir: Path, step: int) -> Path:
+    """The validation grid of a step: samples/step_XXXXXX.png."""
+    return Path(run_dir) / "samples" / f"step_{step:06d}.png"
 
 
 def save_grid(images: torch.Tensor, captions: list[str], ncols: int, path: Path, scale: int = 2) -> None:

@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from omnialign import rewards
+from omnialign import rewards, trackers
 from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, check_world_size, flat_values, to_dict
 from omnialign.engine import checkpoint, dist, optim
 from omnialign.metrics import write_atomic
@@ -66,7 +66,7 @@ def check_resume_config(saved: dict, config: Config) -> None:
 
 def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
     if fresh:
-        for stale in ("metrics.jsonl", "samples", "tensorboard", "reward_curve.png", "summary.json"):
+        for stale in ("metrics.jsonl", "samples", "reward_curve.png", "summary.json", *trackers.FILES):
             path = run_dir / stale
             if path.is_dir():
                 shutil.rmtree(path)

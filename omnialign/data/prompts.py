@@ -1,14 +1,15 @@
 """Prompt sets and prompt sampling: each step takes B prompts from an endless stream of seeded permutations.
 
-A prompt set is a glyphs set by name (digits, pairs) or a file: `.txt` (one prompt per line),
-`.json` (a list of prompts or of objects with a "prompt" key), `.jsonl` (one such item per line)
+A prompt set is a glyphs set by name (digits, pairs; the edit sets edits, edits_val) or a file: `.txt` (one
+prompt per line), `.json` (a list of prompts or of objects with a "prompt" key), `.jsonl` (one such item per line)
 or `.parquet` (a `prompt` column, e.g. from `omnialign prepare ocr`). Every other key or column
 of a prompt (`ground_truth`, ...) is its metadata, which rewards receive (`load_prompt_set`).
 
 An editing prompt (an instruction) brings its source images in the metadata key "sources": a list whose
 entries are image paths (relative ones from the prompt file's folder), encoded image bytes (PNG, JPEG: a
 parquet binary column) or float tensors (C, H, W) in [0, 1]. `source_images` decodes one prompt's; the
-trainer hands the decoded tensors to the rollout and, in the metadata, to the rewards.
+trainer hands the decoded tensors to the rollout and, in the metadata, to the rewards. The optional
+"reference" and "mask" images (one each, paths or bytes) pass to the rewards as they are, paths made absolute.
 
 The stream depends only on (seed, step), so resuming at a step needs no saved state beyond the
 step itself, and every rank computes the same global list before taking its share of groups.
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from omnialign.worlds.glyphs import PROMPT_SETS
+from omnialign.worlds.glyphs import EDIT_SETS, PROMPT_SETS
 
 PROMPT_FILE_TYPES = (".txt", ".json", ".jsonl", ".parquet")
 
@@ -82,6 +83,9 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[dict]]:
     for meta, (_, where) in zip(metadata, items):
         if "sources" in meta:
             meta["sources"] = _source_paths(meta["sources"], path.parent, where)
+        for key in ("reference", "mask"):  # one image each (`omnialign prepare edit`); a path is relative as a source's
+            if isinstance(meta.get(key), str):
+                meta[key] = str(path.parent / meta[key])
     return list(prompts), list(metadata)
 
 
@@ -125,12 +129,14 @@ def source_images(meta: dict, where: str = "prompt") -> list[torch.Tensor]:
 
 
 def load_prompt_set(name: str) -> tuple[list[str], list[dict]]:
-    """The prompts of `data.prompts` and one metadata dict per prompt (empty for the glyphs sets)."""
+    """The prompts of `data.prompts` and one metadata dict per prompt (empty for the glyphs text sets)."""
     if name in PROMPT_SETS:
         return list(PROMPT_SETS[name]), [{} for _ in PROMPT_SETS[name]]
+    if name in EDIT_SETS:
+        return EDIT_SETS[name]()
     if not name.endswith(PROMPT_FILE_TYPES):
         raise ValueError(
-            f"data.prompts={name!r} is neither a prompt set {sorted(PROMPT_SETS)} nor a prompt file "
+            f"data.prompts={name!r} is neither a prompt set {sorted(PROMPT_SETS | EDIT_SETS)} nor a prompt file "
             f"({', '.join(PROMPT_FILE_TYPES)}); name one of them"
         )
     return read_prompt_file(name)

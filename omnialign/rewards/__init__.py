@@ -42,20 +42,38 @@ from omnialign.config import RewardConfig
 from omnialign.rewards.answers import choice, math_answer
 from omnialign.rewards.base import Outputs, RewardFn, Scores
 from omnialign.rewards.client import RemoteReward
+from omnialign.rewards.edit import ocr_edit, pixel_preservation, vlm_edit_following, vlm_edit_preservation
+from omnialign.rewards.geneval import geneval
 from omnialign.rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
 from omnialign.rewards.ocr import ocr, ocr_vlm
+from omnialign.rewards.pairwise import pairwise_vlm
+from omnialign.rewards.preference import aesthetic, clip_score, hps, image_reward, pickscore
 from omnialign.rewards.user import is_file_spec, load_reward
 from omnialign.rewards.vlm import vlm_judge
 from omnialign.worlds.glyphs import glyph_gold, glyph_ocr
+from omnialign.worlds.glyphs.edit import glyph_edit, glyph_edit_gold
 
 __all__ = ["REWARDS", "RewardError", "RewardFn", "RewardWorker", "Rewards", "Scores", "lookup", "resolve", "score"]
 
 REWARDS: dict[str, RewardFn] = {
     "glyph_ocr": glyph_ocr,
     "glyph_gold": glyph_gold,
+    "glyph_edit": glyph_edit,
+    "glyph_edit_gold": glyph_edit_gold,
     "ocr": ocr,
     "ocr_vlm": ocr_vlm,
     "vlm_judge": vlm_judge,
+    "geneval": geneval,
+    "clip_score": clip_score,
+    "pickscore": pickscore,
+    "aesthetic": aesthetic,
+    "hps": hps,
+    "image_reward": image_reward,
+    "pairwise_vlm": pairwise_vlm,
+    "vlm_edit_following": vlm_edit_following,
+    "vlm_edit_preservation": vlm_edit_preservation,
+    "ocr_edit": ocr_edit,
+    "pixel_preservation": pixel_preservation,
     "choice": choice,
     "math": math_answer,
     "jpeg_compressibility": jpeg_compressibility,

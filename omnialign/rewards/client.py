@@ -11,7 +11,9 @@ the trainer generates (see `omnialign.rewards`).
 
 Protocol (docs/rewards.md): `POST {url}/score` with `{"images": [base64 PNG, ...]}` (or
 `"texts": [...]`), `"prompts": [...]`, `"metadata": [...]}`; the reply is `{"scores": [...],
-"info": [...]}` in sample order. `GET {url}/health` reports the server's state.
+"info": [...]}` in sample order. `GET {url}/health` reports the server's state. An editing sample's
+`metadata["sources"]` (source image tensors) travels as `"sources": [[base64 PNG, ...] or null, ...]`,
+one entry per sample, and the server puts the decoded tensors back into its metadata.
 
 Retries: connection errors, timeouts, HTTP 429 and 5xx are retried `retries` times with
 exponential backoff (`backoff * 2**k` seconds, capped at `max_backoff`, with +-50 % jitter; a
@@ -92,6 +94,15 @@ def post_json(
     )
 
 
+def _png(source: object, i: int) -> str:
+    """One source image (a tensor (C, H, W) in [0, 1]) as a base64 PNG; ValueError naming the sample otherwise."""
+    if not isinstance(source, torch.Tensor):
+        raise ValueError(f'RemoteReward: metadata[{i}]["sources"] holds a {type(source).__name__}; it sends source '
+                         "images as tensors (C, H, W) in [0, 1]: decode them with "
+                         "omnialign.data.prompts.source_images")  # fmt: skip
+    return base64.b64encode(to_png(source)).decode()
+
+
 class RemoteReward:
     """A reward served by `omnialign serve-reward` at `url`, called like a plain reward function."""
 
@@ -136,7 +147,18 @@ class RemoteReward:
             body = {"images": [base64.b64encode(to_png(image)).decode() for image in outputs[lo:hi]]}
         else:
             body = {"texts": list(outputs[lo:hi])}
-        body.update(prompts=list(prompts[lo:hi]), metadata=list(metadata[lo:hi]))
+        meta = list(metadata[lo:hi])
+        if any("sources" in m for m in meta):  # source images (tensors) travel as PNG beside the JSON metadata
+            body["sources"] = [[_png(s, lo + i) for s in m["sources"]] if "sources" in m else None
+                               for i, m in enumerate(meta)]  # fmt: skip
+            meta = [{k: v for k, v in m.items() if k != "sources"} for m in meta]
+        try:
+            json.dumps(meta)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{self!r}: the metadata of samples {lo}-{hi - 1} cannot be sent as JSON ({e}); only "
+                             '"sources" images travel as PNG: give other images as paths (`omnialign prepare edit '
+                             "--reference-images`) or score that reward in process") from None  # fmt: skip
+        body.update(prompts=list(prompts[lo:hi]), metadata=meta)
         reply = post_json(f"{self.url}/score", body, self.token, **self.retry)
         scores, info = reply.get("scores"), reply.get("info")
         if not isinstance(scores, list) or len(scores) != hi - lo or not isinstance(info, list) or len(info) != hi - lo:

@@ -1,7 +1,9 @@
 """`omnialign serve-reward`: any reward over HTTP, concurrent requests batched into one call.
 
     POST /score   {"images": [base64 PNG, ...] | "texts": [str, ...],
-                   "prompts": [str, ...], "metadata": [object, ...] (optional)}
+                   "prompts": [str, ...], "metadata": [object, ...] (optional),
+                   "sources": [[base64 PNG, ...] | null, ...] (optional: editing samples' source images,
+                               decoded into metadata[i]["sources"] as tensors (C, H, W) in [0, 1])}
               ->  200 {"scores": [float, ...], "info": [object, ...]}   (in sample order)
     GET  /health  ->  200 {"status": "ok", "reward": NAME, "held": n, "requests": n, "batches": n, ...}
 
@@ -58,6 +60,17 @@ class _Job:
     status: int = 200
 
 
+def _png(item: object, where: str) -> torch.Tensor:
+    """A base64 PNG string of the request as an image (C, H, W) in [0, 1]; ValueError naming `where` otherwise."""
+    try:
+        data = base64.b64decode(item, validate=True)
+        if not data.startswith(PNG_SIGNATURE):
+            raise ValueError("no PNG signature")
+        return from_png(data)
+    except (ValueError, TypeError, OSError, binascii.Error) as e:
+        raise ValueError(f"{where} is not a base64-encoded PNG ({e}); send PNG bytes, base64-encoded") from None
+
+
 def parse_request(body: bytes) -> _Job:
     """A /score body as a job; ValueError naming the field and the fix when it is malformed."""
     try:
@@ -78,6 +91,16 @@ def parse_request(body: bytes) -> _Job:
         raise ValueError(f"'metadata' must be a list of {n} objects, one per prompt (or left out)")
     if ("images" in request) == ("texts" in request):
         raise ValueError("give exactly one of 'images' (base64 PNG strings) and 'texts' (strings)")
+    sources = request.get("sources")
+    if sources is not None:
+        if not isinstance(sources, list) or len(sources) != n:
+            raise ValueError(f"'sources' must be a list of {n} entries, one per prompt: a list of base64 PNG strings "
+                             "(that sample's source images) or null")  # fmt: skip
+        for i, entry in enumerate(sources):
+            if entry is not None:
+                if not isinstance(entry, list) or not entry:
+                    raise ValueError(f"sources[{i}] must be a non-empty list of base64 PNG strings, or null")
+                metadata[i]["sources"] = [_png(item, f"sources[{i}][{j}]") for j, item in enumerate(entry)]
     if "texts" in request:
         texts = request["texts"]
         if not isinstance(texts, list) or len(texts) != n or not all(isinstance(t, str) for t in texts):
@@ -86,18 +109,11 @@ def parse_request(body: bytes) -> _Job:
     items = request["images"]
     if not isinstance(items, list) or len(items) != n:
         raise ValueError(f"'images' must be a list of {n} base64 PNG strings, one per prompt")
-    images = []
-    for i, item in enumerate(items):
-        try:
-            data = base64.b64decode(item, validate=True)
-            if not data.startswith(PNG_SIGNATURE):
-                raise ValueError("no PNG signature")
-            images.append(from_png(data))
-        except (ValueError, TypeError, OSError, binascii.Error) as e:
-            raise ValueError(f"images[{i}] is not a base64-encoded PNG ({e}); send PNG bytes, base64-encoded") from None
-        if images[i].shape != images[0].shape:
+    images = [_png(item, f"images[{i}]") for i, item in enumerate(items)]
+    for i, image in enumerate(images):
+        if image.shape != images[0].shape:
             raise ValueError(
-                f"images[{i}] has shape {tuple(images[i].shape)} but images[0] {tuple(images[0].shape)}: "
+                f"images[{i}] has shape {tuple(image.shape)} but images[0] {tuple(images[0].shape)}: "
                 "send images of one size and mode per request"
             )
     return _Job(torch.stack(images), prompts, metadata, ("images", *images[0].shape))

@@ -1,9 +1,10 @@
 """Vision-language models behind an OpenAI-compatible chat endpoint, and the VLM judge reward.
 
-`chat` sends one user turn (the image as a base64 PNG data URL, then the text) to
+`chat` sends one user turn (the image, or images, as base64 PNG data URLs, then the text) to
 `{url}/chat/completions` (so `url` is the base URL, e.g. `http://127.0.0.1:8001/v1` for vLLM or
 SGLang), with `sampling` merged into the body (`temperature`, `max_tokens`, `top_p`, ...), the
 API key from `api_key` or $OPENAI_API_KEY, and the client's retries.
+`served_model` names the endpoint's first model (`GET {url}/models`) when none is given.
 
 `vlm_judge` (UnifiedReward style) asks for alignment, coherence and style, each 1-5; the reward
 is the mean of the scores found, each mapped to [0, 1] as (s - 1) / 4. The parser takes the last
@@ -40,16 +41,17 @@ _SCALE = re.compile(r"[(<\[]?\s*(?:1\s*(?:-|–|to)\s*5|out\s+of\s+5(?:\.0)?)\s*
 def chat(
     url: str,
     model: str,
-    image: torch.Tensor,
+    image: torch.Tensor | list[torch.Tensor],
     text: str,
     sampling: dict | None = None,
     api_key: str | None = None,
     timeout: float = 120.0,
     retries: int = 3,
 ) -> str:
-    """The reply text of an OpenAI-compatible chat endpoint to (image (C, H, W) in [0, 1], text)."""
-    data_url = "data:image/png;base64," + base64.b64encode(to_png(image)).decode()
-    content = [{"type": "image_url", "image_url": {"url": data_url}}, {"type": "text", "text": text}]
+    """The reply text of an OpenAI-compatible chat endpoint to (image (C, H, W) in [0, 1], or a list of them, text)."""
+    images = image if isinstance(image, list) else [image]
+    urls = ["data:image/png;base64," + base64.b64encode(to_png(im)).decode() for im in images]
+    content = [{"type": "image_url", "image_url": {"url": url}} for url in urls] + [{"type": "text", "text": text}]
     body = {"model": model, "messages": [{"role": "user", "content": content}], **(sampling or {})}
     reply = post_json(url.rstrip("/") + "/chat/completions", body, api_key or os.environ.get("OPENAI_API_KEY"),
                       timeout, retries)  # fmt: skip
@@ -59,29 +61,41 @@ def chat(
         raise RewardServerError(f"{url}: not a chat completion: {reply!r:.300}") from None
 
 
-def chat_each(images: torch.Tensor, texts: list[str], concurrency: int, **kwargs) -> list[str]:
-    """`chat` for each (image, text) pair, `concurrency` requests at a time, replies in order."""
+def served_model(url: str, api_key: str | None = None) -> str:
+    """The first model an OpenAI-compatible endpoint lists (`GET {url}/models`), for when none is named."""
+    try:
+        listing = post_json(url.rstrip("/") + "/models", None, api_key or os.environ.get("OPENAI_API_KEY"), 30.0, 2)
+        return listing["data"][0]["id"]
+    except (RewardServerError, KeyError, IndexError, TypeError) as e:
+        raise RewardServerError(f"{url}/models: could not list the endpoint's models ({e}); name the model "
+                                "(--judge-model, or the reward's model option)") from None  # fmt: skip
+
+
+def chat_each(
+    images: torch.Tensor | list[list[torch.Tensor]], texts: list[str], concurrency: int, **kwargs
+) -> list[str]:
+    """`chat` for each (image or list of images, text) pair, `concurrency` requests at a time, replies in order."""
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
         return list(pool.map(lambda pair: chat(image=pair[0], text=pair[1], **kwargs), zip(images, texts)))
 
 
-def parse_judge(text: str) -> dict[str, float]:
+def parse_judge(text: str, dimensions: tuple[str, ...] = DIMENSIONS) -> dict[str, float]:
     """The 1-5 score of each dimension found in a judge's reply (the last one given), clamped to [1, 5]."""
     text = _SCALE.sub(" ", text)
     found = {}
-    for dim in DIMENSIONS:
+    for dim in dimensions:
         matches = re.findall(rf"{dim}[^\d\n]{{0,24}}?(\d+(?:\.\d+)?)", text, flags=re.I)
         if matches:
             found[dim] = min(5.0, max(1.0, float(matches[-1])))
     return found
 
 
-def judge_score(text: str) -> tuple[float, dict]:
+def judge_score(text: str, dimensions: tuple[str, ...] = DIMENSIONS) -> tuple[float, dict]:
     """A judge's reply as (reward in [0, 1], info with the raw text and each dimension in [0, 1])."""
-    found = parse_judge(text)
+    found = parse_judge(text, dimensions)
     info = {dim: (s - 1) / 4 for dim, s in found.items()} | {"text": text}
-    if len(found) < len(DIMENSIONS):
-        info["missing"] = [dim for dim in DIMENSIONS if dim not in found]
+    if len(found) < len(dimensions):
+        info["missing"] = [dim for dim in dimensions if dim not in found]
     return (sum(info[dim] for dim in found) / len(found) if found else 0.0), info
 
 

@@ -64,7 +64,7 @@ class LanguageTrainer:
         self.records = load_records(config.data.prompts, "train")
         self.val_records = cap_by_modality(load_records(config.data.val_prompts, "val"), config.data.val_limit)
         self.timer = Timer(dist.synchronizer(world.device))
-        self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
+        self.log = MetricsLog(self.run_dir, config) if world.is_main else None
         self.progress = config.trainer.progress and world.is_main
 
     def infer(self, context: Context, batch) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from omnialign.engine import checkpoint, dist
-from omnialign.metrics import failed_rewards, plot_curves, read_metrics, to_host
+from omnialign.metrics import failed_rewards, grid_path, plot_curves, read_metrics, to_host
 
 
 def run_loop(
@@ -31,13 +31,14 @@ def run_loop(
     if start == 0:
         with trainer.timer.phase("validate"):
             metrics = trainer.validate(0)
-        record(trainer, 0, metrics, key)
+        record(trainer, 0, metrics, key, validated=True)
     for step in range(start + 1, c.total_steps + 1):
         metrics = trainer.train_step(step)
-        if step % c.val_every == 0 or step == c.total_steps:
+        validated = step % c.val_every == 0 or step == c.total_steps
+        if validated:
             with trainer.timer.phase("validate"):
                 metrics.update(trainer.validate(step))
-        record(trainer, step, metrics, key)
+        record(trainer, step, metrics, key, validated)
         if step % c.save_every == 0 or step == c.total_steps:
             with trainer.timer.phase("save"):
                 checkpoint.save(trainer.run_dir, step, model, trainer.optimizer, trainer.scheduler, {"step": step},
@@ -45,10 +46,12 @@ def run_loop(
     return summarise(trainer, key)
 
 
-def record(trainer, step: int, metrics: dict[str, torch.Tensor], key: str) -> None:
+def record(trainer, step: int, metrics: dict[str, torch.Tensor], key: str, validated: bool) -> None:
     values = to_host({**metrics, **trainer.timer.pop()}, reduce=dist.mean_across, device=trainer.world.device)
     if trainer.log:
-        trainer.log.log(step, values, echo=tqdm.write)
+        grid = grid_path(trainer.run_dir, step)
+        images = {"val/samples": grid} if validated and grid.exists() else {}
+        trainer.log.log(step, values, echo=tqdm.write, images=images)
         if key in values:
             plot_curves(read_metrics(trainer.log.path), trainer.run_dir / "reward_curve.png")
 

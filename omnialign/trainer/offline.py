@@ -49,7 +49,7 @@ class OfflineTrainer:
         self.batch_of_step, self.prepare, self.validate, self.key = batch_of_step, prepare, validate, key
         self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
         self.timer = Timer(dist.synchronizer(world.device))
-        self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
+        self.log = MetricsLog(self.run_dir, config) if world.is_main else None
         self.progress = config.trainer.progress and world.is_main
 
     def train_step(self, step: int) -> dict[str, torch.Tensor]:

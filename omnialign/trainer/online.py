@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from omnialign import rewards
@@ -12,14 +13,29 @@ from omnialign.config import Config, training_batch
 from omnialign.data.prompts import load_prompt_set, prompts_for_step, source_images
 from omnialign.engine import dist
 from omnialign.engine.dist import World
-from omnialign.metrics import MetricsLog, Timer, diversity, save_grid
+from omnialign.metrics import MetricsLog, Timer, diversity, grid_path, save_grid
 from omnialign.models.base import DiffusionPolicy
+from omnialign.rewards.pairwise import group_spans
 from omnialign.rollout.diffusion import generate, generate_ode, sample_seeds
 from omnialign.trainer import actor
 from omnialign.trainer.loop import run_loop
 from omnialign.trainer.objectives import Algorithm, log_prob_objective
 
 VAL_SEED = 2**40  # validation seeds are fixed across runs and recipes
+
+
+def with_sources(
+    images: torch.Tensor, captions: list[str], sources: list[torch.Tensor], n: int
+) -> tuple[torch.Tensor, list[str], int]:
+    """A validation grid's images (P * n, C, H, W) and captions with each prompt's source image (C', H', W') put
+    in front of its n results, resized and given the results' channels: (P * (n + 1), C, H, W), captions, n + 1."""
+    channels, size = images.shape[1], images.shape[-2:]
+    shown = [F.interpolate(s[None].float().to(images.device), size=size, mode="bilinear", antialias=True)[0]
+             for s in sources]  # fmt: skip
+    shown = [s.mean(0, keepdim=True) if channels == 1 else s.expand(channels, *size) for s in shown]
+    rows = [torch.cat([s[None], images[i * n : (i + 1) * n]]) for i, s in enumerate(shown)]
+    titles = [c for i in range(len(sources)) for c in ["source", *captions[i * n : (i + 1) * n]]]
+    return torch.cat(rows), titles, n + 1
 
 
 class OnlineTrainer:
@@ -53,15 +69,24 @@ class OnlineTrainer:
                                  " (prompt files with sources come from `omnialign prepare edit`)")  # fmt: skip
         self.rewards, self.gold = reward_worker, reward_worker.gold
         self.timer = Timer(sync)
-        self.log = MetricsLog(self.run_dir, config.trainer.total_steps) if world.is_main else None
+        self.log = MetricsLog(self.run_dir, config) if world.is_main else None
         self.progress = config.trainer.progress and world.is_main
 
     def train_step(self, step: int) -> dict[str, torch.Tensor]:
         c, device, phase = self.config, self.world.device, self.timer.phase
         with phase("rollout"):  # each chunk's rewards are computed while the next chunk is generated
             prompts, meta, group, seeds = self.share_of_step(step)
-            futures = []
-            submit = lambda images, rows: futures.append(self.rewards.submit(images, prompts[rows], meta[rows]))  # noqa: E731
+            futures, held = [], []
+
+            def submit(images: torch.Tensor, rows: slice) -> None:  # whole groups only: group-wise rewards
+                held.append(images)  # (docs/rewards.md) see a chunk that ends inside a group with the next one
+                stop = rows.start + len(images)
+                if stop < len(prompts) and group[stop] == group[stop - 1]:
+                    return
+                span = slice(stop - sum(map(len, held)), stop)
+                futures.append(self.rewards.submit(torch.cat(held), prompts[span], meta[span]))
+                held.clear()
+
             traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress, step,
                                     c.seed, on_chunk=submit, sources=self.sources(meta))  # fmt: skip
         with phase("reward_wait"):
@@ -104,7 +129,8 @@ class OnlineTrainer:
         seeds = sample_seeds(c.seed, step, c.data.prompts_per_step * n)[first * n : (first + per_rank) * n]
         group = torch.arange(first, first + per_rank).repeat_interleave(n)
         prompts = [self.prompts[i] for i in index for _ in range(n)]
-        meta = [self.decoded(self.metadata[i], f"data.prompts item {i}") for i in index]
+        meta = [{**self.decoded(self.metadata[i], f"data.prompts item {i}"), "group": first + k}  # group-wise rewards
+                for k, i in enumerate(index)]  # fmt: skip
         return prompts, [m for m in meta for _ in range(n)], group, seeds
 
     def decoded(self, meta: dict, where: str) -> dict:
@@ -134,9 +160,8 @@ class OnlineTrainer:
 
     def score(self, images: torch.Tensor, prompts: list[str], meta: list[dict]) -> tuple[torch.Tensor, dict]:
         """Rewards of a batch in chunks of the rollout micro-batch (validation), and the failure metrics."""
-        chunk = self.config.rollout.micro_batch_size
-        futures = [self.rewards.submit(images[lo : lo + chunk], prompts[lo : lo + chunk], meta[lo : lo + chunk])
-                   for lo in range(0, len(prompts), chunk)]  # fmt: skip
+        spans = group_spans([m["group"] for m in meta], self.config.rollout.micro_batch_size)  # whole groups
+        futures = [self.rewards.submit(images[span], prompts[span], meta[span]) for span in spans]
         total, _, metrics = self.collect(futures)
         return total, metrics
 
@@ -152,7 +177,8 @@ class OnlineTrainer:
         mine = slice(world.rank * share, (world.rank + 1) * share)
         seeds = torch.arange(len(padded)) + VAL_SEED
         val_meta = [self.decoded(m, f"data.val_prompts item {i}") for i, m in enumerate(self.val_metadata)]
-        meta = [val_meta[min(i, len(prompts) - 1) // n] for i in range(len(padded))]
+        meta = [{**val_meta[min(i, len(prompts) - 1) // n], "group": min(i, len(prompts) - 1) // n}
+                for i in range(len(padded))]  # fmt: skip
         images_mine = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device,
                                    self.sources(meta[mine]))  # fmt: skip
         reward, failures = self.score(images_mine, padded[mine], meta[mine])
@@ -162,7 +188,10 @@ class OnlineTrainer:
         gold, reads = self.judge(images_mine, padded[mine], meta[mine], len(prompts))
         if world.is_main:
             captions = [f"{p} {r:.2f}" + (f" g{g}" if g else "") for p, r, g in zip(prompts, reward.tolist(), reads)]
-            save_grid(images, captions, n, self.run_dir / "samples" / f"step_{step:06d}.png")
+            grid, columns = images, n
+            if self.policy.edits:  # each row opens with its prompt's (first) source image
+                grid, captions, columns = with_sources(images, captions, [m["sources"][0] for m in val_meta], n)
+            save_grid(grid, captions, columns, grid_path(self.run_dir, step))
             if c.trainer.save_val_images:
                 torch.save({"images": images.mul(255).round().to(torch.uint8).cpu(), "prompts": prompts,
                             "reward": reward.cpu(), **{f"gold/{k}": v.cpu() for k, v in gold.items()}},

@@ -7,12 +7,15 @@
   reported beside the reward at every validation as `val/gold/accuracy` and `val/gold/not_a_digit`.
 - `pretrain`: `omnialign prepare glyphs`, which makes every shipped model in `assets/` from a seed.
 - `recipes`: one recipe per diffusion algorithm, all from the same base, prompts, reward and judge.
+- `edit`: the edit task (redraw a source image's digit as the requested one, in the same place and size): its
+  reward `glyph_edit` and gold judge `glyph_edit_gold`; the edit model ships in `assets/edit/`, its prompt sets
+  are `EDIT_SETS` (`edits`, `edits_val`) and its recipes `glyphs_edit*`.
 """
 
-from omnialign.worlds.glyphs.data import PROMPT_SETS
+from omnialign.worlds.glyphs.data import EDIT_SETS, PROMPT_SETS
 from omnialign.worlds.glyphs.gold import glyph_gold
 from omnialign.worlds.glyphs.model import load
 from omnialign.worlds.glyphs.recipes import RECIPES
 from omnialign.worlds.glyphs.recognizer import glyph_ocr
 
-__all__ = ["PROMPT_SETS", "RECIPES", "glyph_gold", "glyph_ocr", "load"]
+__all__ = ["EDIT_SETS", "PROMPT_SETS", "RECIPES", "glyph_gold", "glyph_ocr", "load"]

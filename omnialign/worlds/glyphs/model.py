@@ -61,6 +61,17 @@ def tiny_transformer(dim: int = 64, layers: int = 3, heads: int = 2) -> SD3Trans
     )
 
 
+def edit_transformer(base: SD3Transformer2DModel) -> SD3Transformer2DModel:
+    """The glyphs edit model made from a text-to-image one: a second input channel for the source image, its
+    weights zero, so that it starts out drawing exactly what `base` draws."""
+    model = SD3Transformer2DModel.from_config({**base.config, "in_channels": 2})
+    state = base.state_dict()
+    weight = state["pos_embed.proj.weight"]  # (dim, in_channels, patch, patch)
+    state["pos_embed.proj.weight"] = torch.cat([weight, torch.zeros_like(weight)], 1)
+    model.load_state_dict(state)
+    return model
+
+
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
 
 

@@ -116,6 +116,52 @@ def glyphs_distill() -> Config:
     return c
 
 
+def _edit(base: Config, name: str) -> Config:
+    """A recipe of the glyphs edit task: the same algorithm settings on the edit model, edit prompts and reward."""
+    base.name = base.recipe = name
+    base.model.path = str(ASSETS / "edit")
+    base.data.prompts, base.data.val_prompts = "edits", "edits_val"
+    base.data.val_seeds = 8  # 20 validation edits x 8 seeds
+    base.reward.weights = {"glyph_edit": 1.0}
+    base.reward.gold = "glyph_edit_gold"  # reported at validation only: digit read right, place and size kept
+    return base
+
+
+def glyphs_edit() -> Config:
+    """FlowGRPO on the glyphs edit task: redraw a source image's digit as the requested one, in the same place."""
+    return _edit(glyphs(), "glyphs_edit")
+
+
+def glyphs_edit_cps() -> Config:
+    """The edit task with FlowGRPO's coefficients-preserving transitions."""
+    return _edit(glyphs_cps(), "glyphs_edit_cps")
+
+
+def glyphs_edit_mixgrpo() -> Config:
+    """The edit task with MixGRPO's shared sliding window."""
+    return _edit(glyphs_mixgrpo(), "glyphs_edit_mixgrpo")
+
+
+def glyphs_edit_grpo_guard() -> Config:
+    """The edit task with GRPO-Guard."""
+    return _edit(glyphs_grpo_guard(), "glyphs_edit_grpo_guard")
+
+
+def glyphs_edit_dppo() -> Config:
+    """The edit task with Flow-DPPO."""
+    return _edit(glyphs_dppo(), "glyphs_edit_dppo")
+
+
+def glyphs_edit_nft() -> Config:
+    """The edit task with DiffusionNFT."""
+    return _edit(glyphs_nft(), "glyphs_edit_nft")
+
+
+def glyphs_edit_online_dpo() -> Config:
+    """The edit task with online Diffusion-DPO."""
+    return _edit(glyphs_online_dpo(), "glyphs_edit_online_dpo")
+
+
 def debug() -> Config:
     """Tiny and fast, for tests: 2 prompts x 4 samples, 4 denoising steps, window 2."""
     c = glyphs()
@@ -137,4 +183,6 @@ def debug() -> Config:
 
 
 RECIPES = {f.__name__: f for f in (glyphs, glyphs_flowgrpo, glyphs_cps, glyphs_dance, glyphs_mixgrpo, glyphs_grpo_guard,
-                                   glyphs_dppo, glyphs_nft, glyphs_online_dpo, glyphs_distill, debug)}  # fmt: skip
+                                   glyphs_dppo, glyphs_nft, glyphs_online_dpo, glyphs_distill, glyphs_edit,
+                                   glyphs_edit_cps, glyphs_edit_mixgrpo, glyphs_edit_grpo_guard, glyphs_edit_dppo,
+                                   glyphs_edit_nft, glyphs_edit_online_dpo, debug)}  # fmt: skip
