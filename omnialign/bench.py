@@ -14,6 +14,15 @@ forwards with CFG; training forward + backward, the backward costed as 1x forwar
 for full fine-tuning; activation recomputation not counted; text encoder and VAE not counted) over
 `--peak` TFLOP/s (the measured bf16 matmul peak). The reward is a CPU stand-in (`jpeg_compressibility`)
 so the figure measures the trainer; prompts are short OCR prompts (128 text tokens).
+FLUX recipes (`model.arch` flux or flux_kontext, `full_flux`) run the same way on FLUX.1-dev / FLUX.1-Kontext-dev
+at their released sizes (transformer 11.9 B: 19 double- and 38 single-stream blocks of 3072, guidance embedding;
+CLIP-L and T5-XXL encoders; VAE; random bf16 weights); MFU counts all 57 blocks (a single-stream block has a
+double-stream block's dense FLOPs per token) and, for Kontext, the source tokens too. Kontext's edit prompts
+carry one random source image of the rollout size each, resized as `model.source_resize` says.
+Qwen-Image-Edit recipes (`model.arch=qwen_image_edit`) run on Qwen-Image-Edit-2509 at its released sizes (Qwen-Image's
+transformer, VAE and Qwen2.5-VL-7B with its vision tower, random bf16 weights) with the same prompts as instructions,
+each with one random source image of the rollout size (the recipes keep sources at their size); MFU counts the
+source's tokens among the image tokens and its vision tokens among the text tokens.
 
 `staging`: the FlowGRPO update of a Qwen-Image-size transformer (the released config, random
 weights, bf16, peft LoRA r64 on the 12 projections, activation checkpointing, FSDP2 at world
@@ -60,6 +69,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -67,10 +77,11 @@ from diffusers import QwenImageTransformer2DModel
 from tensordict import TensorDict
 
 from omnialign.batch import Trajectory
-from omnialign.config import ActorConfig, AlgorithmConfig, RolloutConfig
+from omnialign.config import ActorConfig, AlgorithmConfig, ModelConfig, RolloutConfig
 from omnialign.engine import dist, fsdp
 from omnialign.models import lora
 from omnialign.models.base import LanguagePolicy
+from omnialign.models.flux import GUIDANCE, PREFERRED_KONTEXT_RESOLUTIONS, FluxPolicy
 from omnialign.models.qwen_image import LORA_TARGETS, QwenImagePolicy
 from omnialign.trainer import actor
 
@@ -159,12 +170,16 @@ def transformer_flops(layers: int, dim: int, image_tokens: int, text_tokens: int
     return 24 * layers * dim**2 * tokens + 4 * layers * dim * tokens**2
 
 
-def full_qwen_image(device: torch.device, text_tokens: int) -> QwenImagePolicy:
-    """The Qwen-Image pipeline at its released sizes with random weights, built on `device` in bf16."""
+def full_qwen_image(
+    device: torch.device, text_tokens: int, edit: bool = False, source_resize: bool = True
+) -> QwenImagePolicy:
+    """The Qwen-Image pipeline at its released sizes with random weights, built on `device` in bf16; with `edit`,
+    Qwen-Image-Edit-2509 (the same parts, Qwen2.5-VL's image processor; sources sized as `source_resize` says)."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from omnialign.models.tiny import QWEN_IMAGE_SCHEDULER, qwen2_tokenizer
+    from omnialign.models.qwen_image_edit import QwenImageEditPolicy
+    from omnialign.models.tiny import QWEN_IMAGE_SCHEDULER, qwen2_tokenizer, qwen_vl_image_processor
 
     text = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                 num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6,
@@ -179,38 +194,95 @@ def full_qwen_image(device: torch.device, text_tokens: int) -> QwenImagePolicy:
             vae = AutoencoderKLQwenImage()
     finally:
         torch.set_default_dtype(default)
-    return QwenImagePolicy(transformer, vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval(),
-                           qwen2_tokenizer(), FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
-                           max_sequence_length=text_tokens)  # fmt: skip
+    vae, encoder = vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
+    if edit:
+        return QwenImageEditPolicy(transformer, vae, encoder, qwen2_tokenizer(), qwen_vl_image_processor(), scheduler,
+                                   plus=True, max_sequence_length=text_tokens, source_resize=source_resize)  # fmt: skip
+    return QwenImagePolicy(transformer, vae, encoder, qwen2_tokenizer(), scheduler, max_sequence_length=text_tokens)
+
+
+# The released FLUX.1-dev / FLUX.1-Kontext-dev transformer (the class defaults, with the guidance embedding).
+FLUX = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+            axes_dims_rope=(16, 56, 56))  # fmt: skip
+
+
+def full_flux(device: torch.device, text_tokens: int, model: ModelConfig) -> FluxPolicy:
+    """The FLUX.1-dev (or, for model.arch=flux_kontext, FLUX.1-Kontext-dev) pipeline at its released sizes with
+    random weights, built on `device` in bf16: the transformer, CLIP-L, T5-XXL's encoder, the VAE. The tiny
+    byte-level CLIP and character-level T5 tokenizers stand in (the prompts are synthetic)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    from omnialign.models.tiny import FLUX_SCHEDULER, clip_tokenizer, t5_tokenizer
+
+    clip_tok, t5_tok = clip_tokenizer(), t5_tokenizer()
+    clip = CLIPTextConfig(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                          num_hidden_layers=12, max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768,
+                          bos_token_id=clip_tok.bos_token_id, eos_token_id=clip_tok.eos_token_id,
+                          pad_token_id=clip_tok.pad_token_id)  # fmt: skip
+    t5 = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                  feed_forward_proj="gated-gelu", decoder_start_token_id=0)  # fmt: skip
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            transformer = FluxTransformer2DModel(**FLUX)
+            encoders = (CLIPTextModel(clip), T5EncoderModel(t5))
+            vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                                block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=16,
+                                sample_size=1024, use_quant_conv=False, use_post_quant_conv=False,
+                                scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
+    finally:
+        torch.set_default_dtype(default)
+    return FluxPolicy(transformer, vae.requires_grad_(False).eval(), tuple(e.requires_grad_(False).eval() for e in
+                      encoders), (clip_tok, t5_tok), FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER),
+                      guidance=GUIDANCE[model.arch] if model.embedded_guidance is None else model.embedded_guidance,
+                      edits=model.arch == "flux_kontext",
+                      source_resolutions=PREFERRED_KONTEXT_RESOLUTIONS if model.source_resize else None,
+                      max_sequence_length=text_tokens)  # fmt: skip
+
+
+def write_bench_prompts(path: Path, edits: bool, height: int, width: int) -> None:
+    """The OCR prompts as a prompt parquet; for an editing model each with one random RGB source (PNG) of the
+    output size."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    columns = {"prompt": OCR_PROMPTS, "ground_truth": [p.split('"')[1] for p in OCR_PROMPTS]}
+    if edits:
+        rng = np.random.default_rng(0)
+        sources = []
+        for _ in OCR_PROMPTS:
+            buffer = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
+            sources.append([buffer.getvalue()])
+        columns["sources"] = sources
+    pq.write_table(pa.table(columns), path)
 
 
 @contextmanager
 def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: list[str] = ()) -> Iterator:
-    """The `OnlineTrainer` of a Qwen-Image recipe with `prompts` prompts per GPU on the full-size random pipeline
-    (or the tiny one), its reward worker running; see the module docstring."""
+    """The `OnlineTrainer` of a Qwen-Image or FLUX recipe with `prompts` prompts per GPU on the full-size random
+    pipeline (or the tiny one), its reward worker running; see the module docstring."""
     import dataclasses
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from omnialign import rewards
     from omnialign.config import apply_overrides, validate
     from omnialign.engine import optim
+    from omnialign.models import LOADERS
     from omnialign.models import tiny as tiny_models
-    from omnialign.models.qwen_image import load
     from omnialign.recipes import RECIPES
     from omnialign.train import build_policy
     from omnialign.trainer.objectives import ALGORITHMS
     from omnialign.trainer.online import OnlineTrainer
 
     world = dist.init()
-    if world.is_main:
-        work.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({"prompt": OCR_PROMPTS, "ground_truth": [p.split('"')[1] for p in OCR_PROMPTS]}),
-                       work / "prompts.parquet")  # fmt: skip
-        if tiny:
-            tiny_models.qwen_image(work / "tiny")
-    torch.distributed.barrier()
     overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
                  f"data.prompts_per_step={prompts * world.size}",
                  'reward.weights={"jpeg_compressibility": 1.0}', "model.text_tokens=128", "trainer.progress=false",
@@ -221,11 +293,23 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
                       "engine.activation_checkpointing=false"]  # fmt: skip
     config = validate(apply_overrides(RECIPES[recipe](), overrides + list(extra)))
     config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
+    arch = config.model.arch
+    if world.is_main:
+        work.mkdir(parents=True, exist_ok=True)
+        write_bench_prompts(work / "prompts.parquet", arch in ("flux_kontext", "qwen_image_edit"),
+                            config.rollout.height, config.rollout.width)  # fmt: skip
+        if tiny:
+            {"qwen_image": tiny_models.qwen_image, "flux": tiny_models.flux, "flux_kontext": tiny_models.flux_kontext,
+             "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True)}[arch](work / "tiny")  # fmt: skip
+    torch.distributed.barrier()
     if tiny:
         config.model.path = str(work / "tiny")
-        policy = load(config.model)
+        policy = LOADERS[arch](config.model)
+    elif arch in ("flux", "flux_kontext"):
+        policy = full_flux(world.device, config.model.text_tokens, config.model)
     else:
-        policy = full_qwen_image(world.device, config.model.text_tokens)
+        policy = full_qwen_image(world.device, config.model.text_tokens, arch == "qwen_image_edit",
+                                 config.model.source_resize)  # fmt: skip
     policy, contexts = build_policy(config, world, policy)
     params = [p for p in policy.transformer.parameters() if p.requires_grad]
     optimizer, scheduler = optim.build(params, config.actor)
@@ -255,6 +339,28 @@ def bench_recipe(
     return rows
 
 
+def flux_layers_and_tokens(policy, height: int, width: int) -> tuple[int, int]:
+    """FLUX's blocks (double- and single-stream: the same dense FLOPs per token) and image tokens per sample: the
+    noisy tokens and, for Kontext, those of a source of the output size as the policy prepares it."""
+    tc, multiple = policy.transformer.config, policy.vae_scale_factor * 2
+    grid = policy.latent_shape(height, width)
+    tokens = grid[0] * grid[1]
+    if policy.edits:
+        source = policy.source_pixels(torch.zeros(3, height, width)).shape
+        tokens += source[1] // multiple * (source[2] // multiple)
+    return tc.num_layers + tc.num_single_layers, tokens
+
+
+def qwen_image_edit_tokens(policy, height: int, width: int) -> tuple[int, int]:
+    """Qwen-Image-Edit's image tokens per sample (the noisy ones and those of a source of the output size as the
+    policy sizes it) and its text tokens (that source's vision tokens and the padded instruction)."""
+    (w, h), (vision_w, vision_h) = policy.source_sizes(width, height)
+    multiple, merge = policy.vae_scale_factor * 2, policy.image_processor.merge_size
+    grid = policy.latent_shape(height, width)
+    vision = policy.image_processor.get_number_of_image_patches(vision_h, vision_w) // merge**2
+    return grid[0] * grid[1] + (h // multiple) * (w // multiple), vision + policy.max_sequence_length
+
+
 def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, world) -> dict:
     """images/GPU/s, phase seconds, peak memory and MFU of one measured step."""
     r, a = config.rollout, config.algorithm
@@ -262,8 +368,13 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     seconds = sum(phases.values())
     tc = policy.transformer.config
     grid = policy.latent_shape(r.height, r.width)
-    forward = transformer_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim, grid[0] * grid[1],
-                                config.model.text_tokens or 512)  # fmt: skip
+    layers, image_tokens, text_tokens = tc.num_layers, grid[0] * grid[1], config.model.text_tokens or 512
+    if config.model.arch in ("flux", "flux_kontext"):
+        layers, image_tokens = flux_layers_and_tokens(policy, r.height, r.width)
+    if config.model.arch == "qwen_image_edit":
+        image_tokens, text_tokens = qwen_image_edit_tokens(policy, r.height, r.width)
+    forward = transformer_flops(layers, tc.num_attention_heads * tc.attention_head_dim, image_tokens,
+                                text_tokens)  # fmt: skip
     cfg = 2 if r.guidance != 1.0 else 1
     backward = 1 if config.model.lora.rank else 2
     if a.name == "nft":

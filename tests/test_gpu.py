@@ -90,6 +90,47 @@ def test_qwen_image_flowgrpo_lora_at_full_size(tmp_path):
     assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
 
 
+def test_qwen_image_edit_flowgrpo_lora_at_full_size(tmp_path):
+    """Qwen-Image-Edit-2509 (Qwen-Image's 20.4 B transformer, Qwen2.5-VL-7B with its vision tower, VAE): edits of
+    512x512 sources (their 1024 tokens beside the image's) with true CFG: rollout, replay, update."""
+    extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute"]
+    with bench.recipe_trainer("qwen_image_edit_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
+        assert trainer.policy.edits and trainer.policy.plus
+        before = snapshot(trainer.policy.transformer)
+        metrics = trainer.train_step(1)
+    assert_stepped(trainer.policy.transformer, before, metrics)
+    assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+
+
+@pytest.mark.parametrize("recipe", ["flux_ocr_flowgrpo_lora", "flux_kontext_edit_flowgrpo_lora"])
+def test_flux_recipe_two_steps_on_the_tiny_twin(recipe, tmp_path):
+    """FLUX.1-dev and FLUX.1-Kontext recipes (regional compile on) on their tiny twins on the GPU: two steps,
+    the rollout's log-probs given back by the replay; Kontext's source latents live on the GPU with the step."""
+    extra = ["algorithm.old_log_probs=recompute"]
+    with bench.recipe_trainer(recipe, 2, True, tmp_path, extra) as trainer:
+        for step in (1, 2):
+            metrics = trainer.train_step(step)
+            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
+            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        cond = trainer.policy.encode_prompts(["a"], [[torch.rand(3, 32, 32)]] if trainer.policy.edits else None)
+        assert cond["embeds"].is_cuda and ("source_latents" not in cond or cond["source_latents"].is_cuda)
+
+
+@pytest.mark.parametrize("recipe", ["flux_ocr_flowgrpo_lora", "flux_kontext_edit_flowgrpo_lora"])
+def test_flux_flowgrpo_lora_at_full_size(recipe, tmp_path):
+    """FLUX.1-dev / FLUX.1-Kontext-dev (11.9 B transformer: 19 double- and 38 single-stream blocks of 3072 with the
+    guidance embedding; CLIP-L, T5-XXL, VAE) at 512x512, Kontext editing 512x512 sources (their 1024 tokens beside
+    the image's): rollout with the embedded guidance, replay, update."""
+    extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute"]
+    with bench.recipe_trainer(recipe, 1, False, tmp_path, extra) as trainer:
+        config = trainer.policy.transformer.config
+        assert (config.num_layers, config.num_single_layers, config.guidance_embeds) == (19, 38, True)
+        before = snapshot(trainer.policy.transformer)
+        metrics = trainer.train_step(1)
+    assert_stepped(trainer.policy.transformer, before, metrics)
+    assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+
+
 SD35 = {  # the released transformer configs
     "medium": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=384,
                    dual_attention_layers=tuple(range(13))),

@@ -13,7 +13,7 @@ from omnialign.models import tiny
 from omnialign.recipes import RECIPES
 from omnialign.train import main
 
-NAMES = [name for name in RECIPES if name.startswith("qwen_image")]
+NAMES = [name for name in RECIPES if name.startswith("qwen_image_ocr")]  # the edit recipes: test_models_qwen_image_edit
 
 
 @pytest.fixture(scope="module")

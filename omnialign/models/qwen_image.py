@@ -105,17 +105,25 @@ class QwenImagePolicy:
         return TensorDict(embeds=embeds, mask=mask, batch_size=[len(prompts)])
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        return self.transformer_velocity(latents, sigma, cond)
+
+    def transformer_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict, sources: tuple[torch.Tensor, ...] = ()
+    ) -> torch.Tensor:
+        """The transformer's velocity at `latents`; an editing model's packed source latents (B, h_i, w_i, 4*z)
+        follow the latent tokens in the sequence, each with its RoPE image shape, and their outputs are dropped."""
         batch, height, width, channels = latents.shape
         dtype = self.transformer.dtype
+        grids = (latents, *sources)
         v = self.transformer(
-            hidden_states=latents.reshape(batch, height * width, channels).to(dtype),
+            hidden_states=torch.cat([g.reshape(batch, -1, channels) for g in grids], 1).to(dtype),
             timestep=(sigma * 1000).to(dtype) / 1000,  # the pipeline's: scheduler timestep in latents dtype, / 1000
             encoder_hidden_states=cond["embeds"].to(dtype),
             encoder_hidden_states_mask=cond["mask"],
-            img_shapes=[[(1, height, width)]] * batch,
+            img_shapes=[[(1, g.shape[1], g.shape[2]) for g in grids]] * batch,
             return_dict=False,
         )[0]
-        return v.reshape(latents.shape)
+        return v[:, : height * width].reshape(latents.shape)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         batch, height, width, channels = latents.shape
@@ -160,41 +168,56 @@ class QwenImagePolicy:
         return list(self.transformer.transformer_blocks)
 
 
-def load(config: ModelConfig) -> QwenImagePolicy:
-    """Load from `config.path`, a folder in the diffusers `QwenImagePipeline` layout; encoders frozen, eval."""
+def pipeline_folder(config: ModelConfig, parts: tuple[str, ...], layout: str, repository: str) -> Path:
+    """`config.path` as a folder of a diffusers pipeline (`layout`, in words) with `parts`; errors name what is
+    missing and point at `repository`, the released model."""
     if config.path is None:
         raise ValueError(
-            "model.path is required for model.arch=qwen_image: set model.path=DIR, a QwenImagePipeline folder "
-            f"(with {', '.join(p + '/' for p in PARTS)})"
+            f"model.path is required for model.arch={config.arch}: set model.path=DIR, a {layout} folder "
+            f"(with {', '.join(p + '/' for p in parts)})"
         )
     root = Path(config.path)
-    missing = [part for part in PARTS if not (root / part).is_dir()]
+    missing = [part for part in parts if not (root / part).is_dir()]
     if missing:
         raise FileNotFoundError(
-            f"model.path={config.path} is not a Qwen-Image pipeline folder: missing "
-            f"{', '.join(p + '/' for p in missing)}. Point model.path at the folder written by "
-            "QwenImagePipeline.save_pretrained (or a local copy of the Qwen/Qwen-Image repository)"
+            f"model.path={config.path} is not a {layout} folder: missing {', '.join(p + '/' for p in missing)}. "
+            f"Point model.path at a local copy of the {repository} repository (or a folder written by the "
+            "pipeline's save_pretrained)"
         )
+    return root
+
+
+def check_template_prefix(tokenizer: PreTrainedTokenizerBase, prefix: str, tokens: int, where: Path) -> None:
+    """ValueError unless `tokenizer` splits the template `prefix` (the part a pipeline drops) into `tokens`."""
+    count = len(tokenizer(prefix).input_ids)
+    if count != tokens:
+        raise ValueError(
+            f"{where} splits the prompt template prefix into {count} tokens, not {tokens}: it is not the "
+            "Qwen2.5-VL tokenizer the pipeline expects"
+        )
+
+
+def load_networks(root: Path, dtype: torch.dtype) -> dict:
+    """The transformer, the frozen text encoder and VAE (eval) and the scheduler of a Qwen-Image pipeline folder."""
+    text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(root / "text_encoder", dtype=dtype)
+    vae = AutoencoderKLQwenImage.from_pretrained(root / "vae", torch_dtype=dtype)
+    return dict(
+        transformer=QwenImageTransformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype),
+        vae=vae.requires_grad_(False).eval(),
+        text_encoder=text_encoder.requires_grad_(False).eval(),
+        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler"),
+    )
+
+
+def load(config: ModelConfig) -> QwenImagePolicy:
+    """Load from `config.path`, a folder in the diffusers `QwenImagePipeline` layout; encoders frozen, eval."""
+    root = pipeline_folder(config, PARTS, "QwenImagePipeline", "Qwen/Qwen-Image")
     dtype = getattr(torch, config.dtype)
     if config.transformer_only:  # offline training on stored latents and embeddings
         transformer = QwenImageTransformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)
         return QwenImagePolicy(transformer, None, None, None, FlowMatchEulerDiscreteScheduler.from_pretrained(
             root / "scheduler"), shift=config.shift)  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
-    prefix = tokenizer(PROMPT_TEMPLATE.split("{}")[0]).input_ids
-    if len(prefix) != TEMPLATE_TOKENS:
-        raise ValueError(
-            f"{root / 'tokenizer'} splits the Qwen-Image prompt template prefix into {len(prefix)} tokens, not "
-            f"{TEMPLATE_TOKENS}: it is not the Qwen2.5-VL tokenizer the pipeline expects"
-        )
-    text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(root / "text_encoder", dtype=dtype)
-    vae = AutoencoderKLQwenImage.from_pretrained(root / "vae", torch_dtype=dtype)
-    return QwenImagePolicy(
-        transformer=QwenImageTransformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype),
-        vae=vae.requires_grad_(False).eval(),
-        text_encoder=text_encoder.requires_grad_(False).eval(),
-        tokenizer=tokenizer,
-        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler"),
-        shift=config.shift,
-        max_sequence_length=config.text_tokens or MAX_SEQUENCE_LENGTH,
-    )
+    check_template_prefix(tokenizer, PROMPT_TEMPLATE.split("{}")[0], TEMPLATE_TOKENS, root / "tokenizer")
+    return QwenImagePolicy(**load_networks(root, dtype), tokenizer=tokenizer, shift=config.shift,
+                           max_sequence_length=config.text_tokens or MAX_SEQUENCE_LENGTH)  # fmt: skip

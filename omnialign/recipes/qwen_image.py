@@ -5,6 +5,11 @@ the parquet files of `omnialign prepare ocr` (the public OCR prompt set). The re
 quoted text (`ocr`, Tesseract; `reward.weights={"ocr_vlm": 1}` with `reward.options` uses a VLM
 behind an OpenAI-compatible endpoint). Sizes are the global batch; under torchrun each GPU takes
 its share of the prompts.
+
+The `qwen_image_edit_*` recipes are their Qwen-Image-Edit twins: `model.path` a Qwen-Image-Edit, -2509 or -2511
+pipeline folder, the data an edit prompt parquet of `omnialign prepare edit` (instruction, source images stored
+at the rollout size with `--size 512x512`, `target_text`), the reward OCR of the requested text (`ocr_edit`; add
+`pixel_preservation` or the VLM edit judges with `reward.weights`).
 """
 
 from omnialign.config import Config
@@ -74,3 +79,58 @@ def qwen_image_ocr_online_dpo_lora() -> Config:
     c.rollout.window_size = 0
     c.actor.micro_batch_size = 8  # pairs
     return c
+
+
+def _edit(c: Config, name: str) -> Config:
+    """A Qwen-Image OCR recipe as its Qwen-Image-Edit twin: edits of source images, sources used at their size."""
+    c.name = c.recipe = name
+    c.model.arch, c.model.path = "qwen_image_edit", "models/Qwen-Image-Edit-2509"
+    c.model.source_resize = False  # sources stored at 512x512: 1024 source tokens per image instead of 4096
+    c.data.prompts, c.data.val_prompts = "data/edit/train.parquet", "data/edit/test.parquet"
+    c.reward.weights = {"ocr_edit": 1.0}
+    return c
+
+
+def qwen_image_edit_ocr_flowgrpo_lora() -> Config:
+    """FlowGRPO on Qwen-Image-Edit: render the requested text into the source image (LoRA, true CFG 4)."""
+    return _edit(qwen_image_ocr_flowgrpo_lora(), "qwen_image_edit_ocr_flowgrpo_lora")
+
+
+def qwen_image_edit_ocr_dppo_lora() -> Config:
+    """Flow-DPPO on Qwen-Image-Edit (LoRA): the KL trust region replaces ratio clipping."""
+    return _edit(qwen_image_ocr_dppo_lora(), "qwen_image_edit_ocr_dppo_lora")
+
+
+def qwen_image_edit_ocr_nft_lora() -> Config:
+    """DiffusionNFT on Qwen-Image-Edit (LoRA): 24 prompts x 12 edits, CFG-free ODE rollout."""
+    return _edit(qwen_image_ocr_nft_lora(), "qwen_image_edit_ocr_nft_lora")
+
+
+def qwen_image_edit_ocr_online_dpo_lora() -> Config:
+    """Online Diffusion-DPO on Qwen-Image-Edit (LoRA): the best edit of each source against the worst."""
+    return _edit(qwen_image_ocr_online_dpo_lora(), "qwen_image_edit_ocr_online_dpo_lora")
+
+
+def qwen_image_edit_ocr_grpo_guard_lora() -> Config:
+    """GRPO-Guard on Qwen-Image-Edit (LoRA): FlowGRPO with ratio normalisation and step reweighting."""
+    c = qwen_image_edit_ocr_flowgrpo_lora()
+    c.name = c.recipe = "qwen_image_edit_ocr_grpo_guard_lora"
+    c.algorithm.name = "grpo_guard"
+    return c
+
+
+def qwen_image_edit_ocr_mixgrpo_lora() -> Config:
+    """MixGRPO on Qwen-Image-Edit (LoRA): one SDE window for the whole batch, sliding one step toward the image
+    every 25 steps through [0, 5), ODE elsewhere."""
+    c = qwen_image_edit_ocr_flowgrpo_lora()
+    c.name = c.recipe = "qwen_image_edit_ocr_mixgrpo_lora"
+    c.rollout.window_schedule, c.rollout.window_shift_every = "progressive", 25
+    return c
+
+
+EDIT_RECIPES = {
+    f.__name__: f
+    for f in (qwen_image_edit_ocr_flowgrpo_lora, qwen_image_edit_ocr_dppo_lora, qwen_image_edit_ocr_nft_lora,
+              qwen_image_edit_ocr_online_dpo_lora, qwen_image_edit_ocr_grpo_guard_lora,
+              qwen_image_edit_ocr_mixgrpo_lora)
+}  # fmt: skip

@@ -1,0 +1,156 @@
+"""FLUX.1-dev text rendering and FLUX.1-Kontext editing recipes, FlowGRPO LoRA and its algorithm variants.
+
+FLUX.1-dev (`flux_ocr_*`): point `model.path` at a local FLUX.1-dev pipeline folder and `data.prompts` /
+`data.val_prompts` at the parquet files of `omnialign prepare ocr`; the reward is OCR of the quoted text.
+The settings follow Flow-GRPO's FLUX runs: 512x512, 6 rollout steps (28 to validate), the embedded guidance
+3.5 and no true CFG (the model is guidance-distilled), 128 T5 tokens, LoRA r64/a128 on its 13 projections.
+
+FLUX.1-Kontext (`flux_kontext_edit_*`): `model.path` is a FLUX.1-Kontext-dev folder and the prompts are
+edit instructions with one source image each and the text to render, the parquet files of `omnialign prepare
+edit` with the sources stored at the rollout size (`--size 512x512`). The recipes use them at that size
+(`model.source_resize=false`: 1024 source tokens beside the image's 1024; the pipeline's default resize to
+about 1 MP would make them 4096). The reward is OCR of the requested text (`ocr_edit`); add
+`pixel_preservation` or the VLM edit judges with `reward.weights` (docs/rewards.md) to also reward keeping the
+source. Embedded guidance 2.5, as the model card and Flow-GRPO's Kontext run.
+
+Sizes are the global batch; under torchrun each GPU takes its share of the prompts.
+"""
+
+from omnialign.config import Config
+
+
+def flux_ocr_flowgrpo_lora() -> Config:
+    """FlowGRPO on FLUX.1-dev OCR: LoRA r64/a128, 32 prompts x 16 images, embedded guidance 3.5, eta 0.9,
+    window 2 in [0, 3) of 6 steps."""
+    c = Config(name="flux_ocr_flowgrpo_lora", recipe="flux_ocr_flowgrpo_lora")
+    c.model.arch, c.model.path, c.model.dtype = "flux", "models/FLUX.1-dev", "bfloat16"
+    c.model.lora.rank, c.model.lora.alpha = 64, 128
+    c.model.text_tokens = 128  # Flow-GRPO's FLUX length: the OCR prompts fit (the pipelines' default is 512)
+    c.data.prompts, c.data.val_prompts = "data/ocr/train.parquet", "data/ocr/test.parquet"
+    c.data.prompts_per_step = 32
+    c.data.val_seeds = 1
+    c.rollout.n = 16
+    c.rollout.steps, c.rollout.val_steps = 6, 28
+    c.rollout.height = c.rollout.width = 512
+    c.rollout.guidance = 1.0  # no true CFG: model.embedded_guidance (None: 3.5) steers instead
+    c.rollout.kind, c.rollout.eta = "sde", 0.9
+    c.rollout.window_size, c.rollout.window_start, c.rollout.window_end = 2, 0, 3
+    c.rollout.micro_batch_size = 16
+    c.reward.weights = {"ocr": 1.0}
+    c.algorithm.clip_range = 1e-5
+    c.actor.lr = 3e-4
+    c.actor.micro_batch_size = 16
+    c.engine.activation_checkpointing = True
+    c.engine.compile = True
+    c.trainer.total_steps = 1000
+    c.trainer.val_every = 50
+    c.trainer.save_every = 50
+    return c
+
+
+def _variant(base: Config, name: str) -> Config:
+    base.name = base.recipe = name
+    return base
+
+
+def flux_ocr_grpo_guard_lora() -> Config:
+    """GRPO-Guard on FLUX.1-dev OCR (LoRA): FlowGRPO with ratio normalisation and step reweighting."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_grpo_guard_lora")
+    c.algorithm.name, c.algorithm.clip_range = "grpo_guard", 2e-5
+    return c
+
+
+def flux_ocr_mixgrpo_lora() -> Config:
+    """MixGRPO on FLUX.1-dev OCR (LoRA): one SDE window for the whole batch, sliding over the 6 steps."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_mixgrpo_lora")
+    c.rollout.window_end = None
+    c.rollout.window_schedule, c.rollout.window_shift_every = "progressive", 25
+    return c
+
+
+def flux_ocr_dppo_lora() -> Config:
+    """Flow-DPPO on FLUX.1-dev OCR (LoRA): the KL trust region replaces ratio clipping."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_dppo_lora")
+    c.algorithm.name, c.algorithm.dppo_tau = "dppo", 1e-5
+    return c
+
+
+def flux_ocr_nft_lora() -> Config:
+    """DiffusionNFT on FLUX.1-dev OCR (LoRA): 24 prompts x 12 images, ODE rollout."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_nft_lora")
+    c.algorithm.name, c.algorithm.nft_beta, c.algorithm.nft_kappa = "nft", 0.1, 1e-4
+    c.data.prompts_per_step, c.rollout.n = 24, 12
+    c.rollout.window_size = 0
+    c.actor.micro_batch_size = 12
+    return c
+
+
+def flux_ocr_online_dpo_lora() -> Config:
+    """Online Diffusion-DPO on FLUX.1-dev OCR (LoRA): 16 samples per prompt, top against bottom."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_online_dpo_lora")
+    c.algorithm.name, c.algorithm.dpo_beta = "online_dpo", 100.0
+    c.rollout.window_size = 0
+    c.actor.micro_batch_size = 8  # pairs
+    return c
+
+
+def flux_kontext_edit_flowgrpo_lora() -> Config:
+    """FlowGRPO on FLUX.1-Kontext text editing: LoRA r64/a128, 32 instructions x 16 edits at 512x512 of 512x512
+    sources, embedded guidance 2.5, eta 0.9, window 2 in [0, 3) of 6 steps."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_kontext_edit_flowgrpo_lora")
+    c.model.arch, c.model.path = "flux_kontext", "models/FLUX.1-Kontext-dev"
+    c.model.source_resize = False  # sources stored at 512x512 (prepare edit --size): 1024 tokens, not 4096
+    c.data.prompts, c.data.val_prompts = "data/edit/train.parquet", "data/edit/test.parquet"
+    c.reward.weights = {"ocr_edit": 1.0}
+    c.actor.micro_batch_size = 8  # a sample carries its source's tokens too
+    c.rollout.micro_batch_size = 8
+    return c
+
+
+def flux_kontext_edit_grpo_guard_lora() -> Config:
+    """GRPO-Guard on FLUX.1-Kontext text editing (LoRA)."""
+    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_grpo_guard_lora")
+    c.algorithm.name, c.algorithm.clip_range = "grpo_guard", 2e-5
+    return c
+
+
+def flux_kontext_edit_mixgrpo_lora() -> Config:
+    """MixGRPO on FLUX.1-Kontext text editing (LoRA): one sliding SDE window for the whole batch."""
+    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_mixgrpo_lora")
+    c.rollout.window_end = None
+    c.rollout.window_schedule, c.rollout.window_shift_every = "progressive", 25
+    return c
+
+
+def flux_kontext_edit_dppo_lora() -> Config:
+    """Flow-DPPO on FLUX.1-Kontext text editing (LoRA)."""
+    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_dppo_lora")
+    c.algorithm.name, c.algorithm.dppo_tau = "dppo", 1e-5
+    return c
+
+
+def flux_kontext_edit_nft_lora() -> Config:
+    """DiffusionNFT on FLUX.1-Kontext text editing (LoRA): 24 instructions x 12 edits, ODE rollout."""
+    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_nft_lora")
+    c.algorithm.name, c.algorithm.nft_beta, c.algorithm.nft_kappa = "nft", 0.1, 1e-4
+    c.data.prompts_per_step, c.rollout.n = 24, 12
+    c.rollout.window_size = 0
+    c.actor.micro_batch_size = 6
+    return c
+
+
+def flux_kontext_edit_online_dpo_lora() -> Config:
+    """Online Diffusion-DPO on FLUX.1-Kontext text editing (LoRA): the best and the worst edit of each instruction."""
+    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_online_dpo_lora")
+    c.algorithm.name, c.algorithm.dpo_beta = "online_dpo", 100.0
+    c.rollout.window_size = 0
+    c.actor.micro_batch_size = 4  # pairs
+    return c
+
+
+RECIPES = {f.__name__: f for f in (
+    flux_ocr_flowgrpo_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora, flux_ocr_nft_lora,
+    flux_ocr_online_dpo_lora, flux_kontext_edit_flowgrpo_lora, flux_kontext_edit_grpo_guard_lora,
+    flux_kontext_edit_mixgrpo_lora, flux_kontext_edit_dppo_lora, flux_kontext_edit_nft_lora,
+    flux_kontext_edit_online_dpo_lora,
+)}  # fmt: skip
