@@ -19,7 +19,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/omnialign train --resume auto
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q --runslow

@@ -257,6 +257,11 @@ class EngineConfig:
     compile: bool = False
     """Compile each block's forward with torch.compile (regional: one graph per block and batch shape,
     reused by every block; the first steps pay the compile time)."""
+    cudnn_attention: bool = True
+    """Let PyTorch's attention (SDPA) pick its cuDNN kernel on CUDA (a process-wide switch). The FLUX recipes turn
+    it off: at FLUX.1's shapes the cuDNN backward fails on an H200 with torch 2.11 (an illegal memory access;
+    "mha_graph.execute(...).is_good()" under CUDA_LAUNCH_BLOCKING=1), while the flash kernel SDPA then picks
+    trains (BENCHMARKS.md). Qwen-Image's masked attention is faster with cuDNN."""
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Every glyphs recipe runs 2 steps end to end at debug sizes, with its own algorithm's metrics."""
 
 import pytest
+import torch
 
 from omnialign.config import apply_overrides, validate
 from omnialign.metrics import read_metrics
@@ -22,6 +23,7 @@ def test_recipe_runs_two_steps(name, tmp_path):
     if config.rollout.window_size:
         small += ["rollout.window_size=2", "rollout.window_shift_every=1", "rollout.window_end=3"]
     summary = main(validate(apply_overrides(config, small)))
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # engine.cudnn_attention's default: a FLUX run before turned it off
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert EXPECTED[config.algorithm.name] in records[1], sorted(records[1])

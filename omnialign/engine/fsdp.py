@@ -30,6 +30,12 @@ def compile_forward(block: nn.Module) -> None:
     block.forward = torch.compile(block.forward, dynamic=False)
 
 
+def attention_kernels(cudnn: bool) -> None:
+    """Allow or forbid cuDNN's kernel in PyTorch's scaled_dot_product_attention, process-wide
+    (`engine.cudnn_attention`); the other kernels (flash, memory-efficient, math) stay allowed."""
+    torch.backends.cuda.enable_cudnn_sdp(cudnn)
+
+
 def shard(
     module: nn.Module,
     blocks: list[nn.Module],

@@ -57,6 +57,7 @@ def build_policy(
         teacher = LOADERS[config.model.arch](dataclasses.replace(config.model, path=a.teacher_path)).transformer
         contexts["teacher"] = swapped_network(policy, shard_frozen(teacher.float(), net, blocks, config, world))
     e = config.engine
+    fsdp.attention_kernels(cudnn=e.cudnn_attention)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
                e.cpu_offload, e.reshard_after_forward, e.compile)  # fmt: skip
     return policy.to(world.device), contexts

@@ -1,5 +1,6 @@
 """The online RL loop (FlowGRPO): each step is a flat list of named, timed phases."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -76,19 +77,10 @@ class OnlineTrainer:
         c, device, phase = self.config, self.world.device, self.timer.phase
         with phase("rollout"):  # each chunk's rewards are computed while the next chunk is generated
             prompts, meta, group, seeds = self.share_of_step(step)
-            futures, held = [], []
-
-            def submit(images: torch.Tensor, rows: slice) -> None:  # whole groups only: group-wise rewards
-                held.append(images)  # (docs/rewards.md) see a chunk that ends inside a group with the next one
-                stop = rows.start + len(images)
-                if stop < len(prompts) and group[stop] == group[stop - 1]:
-                    return
-                span = slice(stop - sum(map(len, held)), stop)
-                futures.append(self.rewards.submit(torch.cat(held), prompts[span], meta[span]))
-                held.clear()
-
+            futures = []
             traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress, step,
-                                    c.seed, on_chunk=submit, sources=self.sources(meta))  # fmt: skip
+                                    c.seed, on_chunk=self.submitter(prompts, meta, group, futures),
+                                    sources=self.sources(meta))  # fmt: skip
         with phase("reward_wait"):
             reward, parts, reward_metrics = self.collect(futures)
         with phase("advantage"):
@@ -119,6 +111,25 @@ class OnlineTrainer:
             "actor/lr": torch.tensor(self.scheduler.get_last_lr()[0]),
         })  # fmt: skip
         return metrics
+
+    def submitter(
+        self, prompts: list[str], meta: list[dict], group: torch.Tensor, futures: list
+    ) -> Callable[[torch.Tensor, slice], None]:
+        """The rollout's `on_chunk`: each decoded chunk's rewards are submitted at once (appended to `futures`),
+        but a chunk that ends inside a prompt group waits for the rest of it, since a group-wise reward
+        (docs/rewards.md) scores whole groups."""
+        held = []
+
+        def submit(images: torch.Tensor, rows: slice) -> None:
+            held.append(images)
+            stop = rows.start + len(images)
+            if stop < len(prompts) and group[stop] == group[stop - 1]:
+                return
+            span = slice(stop - sum(map(len, held)), stop)
+            futures.append(self.rewards.submit(torch.cat(held), prompts[span], meta[span]))
+            held.clear()
+
+        return submit
 
     def share_of_step(self, step: int) -> tuple[list[str], list[dict], torch.Tensor, torch.Tensor]:
         """This rank's prompts (whole groups of rollout.n), their metadata, group ids and per-sample seeds."""
