@@ -312,3 +312,11 @@ def test_bench_recipe_tiny_rows_for_kontext(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["recipe"] == "flux_kontext_edit_flowgrpo_lora" and row["images"] == 8 and row["images_per_gpu_s"] > 0
     assert row["rollout_s"] > 0 and row["update_s"] > 0
+
+
+def test_judge_knows_a_flux_pipeline_folder(paths):
+    from omnialign.judge import detect_arch
+
+    assert detect_arch(paths["flux"]) == "flux"
+    with pytest.raises(ValueError, match="holds a FluxKontextPipeline; judge reads"):
+        detect_arch(paths["flux_kontext"])  # an editing model needs source images, which judge does not give
