@@ -56,6 +56,9 @@ class ModelConfig:
     resolution of about 1 MP nearest the source's aspect ratio; Qwen-Image-Edit: to about 1024x1024 at the source's
     aspect ratio, sides multiples of 32); false keeps the source's own size, floored to the model's multiple
     (FluxKontextPipeline's `_auto_resize=False`): cheaper with sources stored small."""
+    frames: int = 81
+    """Video models (Wan): frames per video, the pipeline's `num_frames`; (frames - 1) must be divisible by the
+    VAE's temporal factor (4 for the released Wan VAEs): 81 is Wan's default, 5 or 9 keep tests cheap."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter of the trained network (rank 0: full fine-tuning)."""
 

