@@ -16,10 +16,7 @@ works on a CPU. docs/judge.md has the details.
 """
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from tqdm import tqdm
 
 from omnialign import judge
 from omnialign.data.language import cap_by_modality
@@ -99,14 +96,7 @@ def run_scores(items: list[dict], files: dict[str, Path], stage: str, url: str |
             return {**judge.identity(it), "tag": it["tag"], "sample": it["sample"], "image": row["image"],
                     "correct": scores[0] == 1.0, **scores.info[0], "judge_model": model}  # fmt: skip
 
-        with ThreadPoolExecutor(concurrency) as pool, path.open("a") as f:
-            bar = tqdm(total=len(todo), desc="geneval", leave=False)
-            for lo in range(0, len(todo), concurrency):
-                for row in pool.map(score, todo[lo : lo + concurrency]):  # in order; stops at a failure
-                    f.write(json.dumps(row) + "\n")
-                    f.flush()
-                    bar.update()
-            bar.close()
+        judge.append_in_order(path, todo, score, concurrency, "geneval")
         done = judge.read_cache(path)
     summary = summarize([done[judge.key(it)] for it in items])
     files["summary"].write_text(json.dumps(summary, indent=2))

@@ -30,6 +30,7 @@ import re
 import shutil
 import wave
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -537,6 +538,19 @@ def summarize(rows: list[dict]) -> dict:
                                                      for m in modalities}}  # fmt: skip
 
 
+def append_in_order(path: Path, todo: list[dict], fn: Callable[[dict], dict], concurrency: int, desc: str) -> None:
+    """`fn` of each item of `todo`, `concurrency` at a time; each result is appended to `path` as a JSON line and
+    flushed as soon as it and every one before it are done (in order, so a failure stops the rest)."""
+    with ThreadPoolExecutor(concurrency) as pool, path.open("a") as f:
+        bar = tqdm(total=len(todo), desc=desc, leave=False)
+        for lo in range(0, len(todo), concurrency):
+            for row in pool.map(fn, todo[lo : lo + concurrency]):
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                bar.update()
+        bar.close()
+
+
 def run_judge(items: list[dict], files: dict[str, Path], url: str | None, model: str | None, seed: int,
               concurrency: int, sent: list[str]) -> dict:  # fmt: skip
     """The judge stage: a verdict per item not judged yet (appended line by line), then the summary."""
@@ -567,14 +581,7 @@ def run_judge(items: list[dict], files: dict[str, Path], url: str | None, model:
         model = model or served_model(api)
         ask = lambda it: judge_item(it, caches["reference"][key(it)], caches["trained"][key(it)], api, model, seed,
                                     path.parent, sent)  # fmt: skip
-        with ThreadPoolExecutor(concurrency) as pool, path.open("a") as f:
-            bar = tqdm(total=len(todo), desc="judge", leave=False)
-            for lo in range(0, len(todo), concurrency):
-                for row in pool.map(ask, todo[lo : lo + concurrency]):  # in order; stops at a failure
-                    f.write(json.dumps(row) + "\n")
-                    f.flush()
-                    bar.update()
-            bar.close()
+        append_in_order(path, todo, ask, concurrency, "judge")
         done = read_cache(path)
     summary = summarize([done[key(it)] for it in items])
     files["summary"].write_text(json.dumps(summary, indent=2))

@@ -28,8 +28,6 @@ the first one's size); since a training step concatenates the conditions of all 
 source of a prompt set should: with `model.source_resize` one aspect ratio bucket, without it one size.
 """
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
@@ -41,6 +39,7 @@ from transformers import AutoTokenizer, CLIPTextModel, PreTrainedTokenizerBase, 
 
 from omnialign.config import ModelConfig
 from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, train_sigmas
+from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' default T5 length, and their largest
 GUIDANCE = {"flux": 3.5, "flux_kontext": 2.5}  # FluxPipeline's default guidance_scale; the Kontext model card's
@@ -231,20 +230,8 @@ class FluxPolicy:
 def load(config: ModelConfig) -> FluxPolicy:
     """Load from `config.path`, a folder in the diffusers `FluxPipeline` (model.arch=flux) or `FluxKontextPipeline`
     (model.arch=flux_kontext) layout; encoders frozen, eval."""
-    pipeline = PIPELINES[config.arch]
-    if config.path is None:
-        raise ValueError(
-            f"model.path is required for model.arch={config.arch}: set model.path=DIR, a {pipeline} folder "
-            f"(with {', '.join(p + '/' for p in PARTS)})"
-        )
-    root = Path(config.path)
-    missing = [part for part in PARTS if not (root / part).is_dir()]
-    if missing:
-        raise FileNotFoundError(
-            f"model.path={config.path} is not a {pipeline} folder: missing {', '.join(p + '/' for p in missing)}. "
-            f"Point model.path at the folder written by {pipeline}.save_pretrained (or a local copy of the "
-            f"black-forest-labs/{'FLUX.1-Kontext-dev' if config.arch == 'flux_kontext' else 'FLUX.1-dev'} repository)"
-        )
+    release = "FLUX.1-Kontext-dev" if config.arch == "flux_kontext" else "FLUX.1-dev"
+    root = pipeline_folder(config, PARTS, PIPELINES[config.arch], f"black-forest-labs/{release}")
     if config.text_tokens is not None and not 1 <= config.text_tokens <= MAX_SEQUENCE_LENGTH:
         raise ValueError(
             f"model.text_tokens={config.text_tokens}: the FLUX pipelines take 1 to {MAX_SEQUENCE_LENGTH} T5 tokens"

@@ -10,8 +10,6 @@ when the pipeline is called with `num_inference_steps` alone: linspace(1, shifte
 the static shift of the scheduler config (3.0).
 """
 
-from pathlib import Path
-
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 from tensordict import TensorDict
@@ -20,6 +18,7 @@ from transformers import AutoTokenizer, CLIPTextModelWithProjection, PreTrainedT
 
 from omnialign.config import ModelConfig
 from omnialign.diffusion.sde import scheduler_sigma_min, sigma_schedule, train_sigmas
+from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default T5 length
 PARTS = (
@@ -129,19 +128,8 @@ class SD3Policy:
 
 def load(config: ModelConfig) -> SD3Policy:
     """Load from `config.path`, a folder in the diffusers `StableDiffusion3Pipeline` layout; encoders frozen, eval."""
-    if config.path is None:
-        raise ValueError(
-            "model.path is required for model.arch=sd3: set model.path=DIR, a StableDiffusion3Pipeline folder "
-            f"(with {', '.join(p + '/' for p in PARTS)})"
-        )
-    root = Path(config.path)
-    missing = [part for part in PARTS if not (root / part).is_dir()]
-    if missing:
-        raise FileNotFoundError(
-            f"model.path={config.path} is not an SD3 pipeline folder: missing {', '.join(p + '/' for p in missing)}. "
-            "Point model.path at the folder written by StableDiffusion3Pipeline.save_pretrained (or a local copy "
-            "of a stabilityai/stable-diffusion-3(.5) repository, T5 included)"
-        )
+    root = pipeline_folder(config, PARTS, "StableDiffusion3Pipeline",
+                           "stabilityai/stable-diffusion-3(.5) (T5 included)")  # fmt: skip
     dtype = getattr(torch, config.dtype)
     scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler")
     transformer = SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)

@@ -95,58 +95,48 @@ def flux_ocr_online_dpo_lora() -> Config:
     return c
 
 
-def flux_kontext_edit_flowgrpo_lora() -> Config:
-    """FlowGRPO on FLUX.1-Kontext text editing: LoRA r64/a128, 32 instructions x 16 edits at 512x512 of 512x512
-    sources, embedded guidance 2.5, eta 0.9, window 2 in [0, 3) of 6 steps."""
-    c = _variant(flux_ocr_flowgrpo_lora(), "flux_kontext_edit_flowgrpo_lora")
+def _kontext(base: Config, name: str) -> Config:
+    """A FLUX.1-dev OCR recipe moved to FLUX.1-Kontext text editing: the same algorithm settings, edit prompts of
+    512x512 sources, the `ocr_edit` reward, half the micro-batches (a sample carries its source's tokens too)."""
+    c = _variant(base, name)
     c.model.arch, c.model.path = "flux_kontext", "models/FLUX.1-Kontext-dev"
     c.model.source_resize = False  # sources stored at 512x512 (prepare edit --size): 1024 tokens, not 4096
     c.data.prompts, c.data.val_prompts = "data/edit/train.parquet", "data/edit/test.parquet"
     c.reward.weights = {"ocr_edit": 1.0}
-    c.actor.micro_batch_size = 8  # a sample carries its source's tokens too
-    c.rollout.micro_batch_size = 8
+    c.actor.micro_batch_size //= 2
+    c.rollout.micro_batch_size //= 2
     return c
+
+
+def flux_kontext_edit_flowgrpo_lora() -> Config:
+    """FlowGRPO on FLUX.1-Kontext text editing: LoRA r64/a128, 32 instructions x 16 edits at 512x512 of 512x512
+    sources, embedded guidance 2.5, eta 0.9, window 2 in [0, 3) of 6 steps."""
+    return _kontext(flux_ocr_flowgrpo_lora(), "flux_kontext_edit_flowgrpo_lora")
 
 
 def flux_kontext_edit_grpo_guard_lora() -> Config:
     """GRPO-Guard on FLUX.1-Kontext text editing (LoRA)."""
-    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_grpo_guard_lora")
-    c.algorithm.name, c.algorithm.clip_range = "grpo_guard", 2e-5
-    return c
+    return _kontext(flux_ocr_grpo_guard_lora(), "flux_kontext_edit_grpo_guard_lora")
 
 
 def flux_kontext_edit_mixgrpo_lora() -> Config:
     """MixGRPO on FLUX.1-Kontext text editing (LoRA): one sliding SDE window for the whole batch."""
-    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_mixgrpo_lora")
-    c.rollout.window_end = None
-    c.rollout.window_schedule, c.rollout.window_shift_every = "progressive", 25
-    return c
+    return _kontext(flux_ocr_mixgrpo_lora(), "flux_kontext_edit_mixgrpo_lora")
 
 
 def flux_kontext_edit_dppo_lora() -> Config:
     """Flow-DPPO on FLUX.1-Kontext text editing (LoRA)."""
-    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_dppo_lora")
-    c.algorithm.name, c.algorithm.dppo_tau = "dppo", 1e-5
-    return c
+    return _kontext(flux_ocr_dppo_lora(), "flux_kontext_edit_dppo_lora")
 
 
 def flux_kontext_edit_nft_lora() -> Config:
     """DiffusionNFT on FLUX.1-Kontext text editing (LoRA): 24 instructions x 12 edits, ODE rollout."""
-    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_nft_lora")
-    c.algorithm.name, c.algorithm.nft_beta, c.algorithm.nft_kappa = "nft", 0.1, 1e-4
-    c.data.prompts_per_step, c.rollout.n = 24, 12
-    c.rollout.window_size = 0
-    c.actor.micro_batch_size = 6
-    return c
+    return _kontext(flux_ocr_nft_lora(), "flux_kontext_edit_nft_lora")
 
 
 def flux_kontext_edit_online_dpo_lora() -> Config:
     """Online Diffusion-DPO on FLUX.1-Kontext text editing (LoRA): the best and the worst edit of each instruction."""
-    c = _variant(flux_kontext_edit_flowgrpo_lora(), "flux_kontext_edit_online_dpo_lora")
-    c.algorithm.name, c.algorithm.dpo_beta = "online_dpo", 100.0
-    c.rollout.window_size = 0
-    c.actor.micro_batch_size = 4  # pairs
-    return c
+    return _kontext(flux_ocr_online_dpo_lora(), "flux_kontext_edit_online_dpo_lora")
 
 
 RECIPES = {f.__name__: f for f in (

@@ -9,9 +9,9 @@ the requested digit belongs ("target_box" of the edit's metadata).
 
 import torch
 
-from omnialign.worlds.glyphs.data import ASSETS, CHARSET, ink_box
-from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, load_gold
-from omnialign.worlds.glyphs.recognizer import load_recognizer
+from omnialign.worlds.glyphs.data import ink_box
+from omnialign.worlds.glyphs.gold import glyph_gold
+from omnialign.worlds.glyphs.recognizer import glyph_ocr
 
 KEEP_SCALE = 4.0
 """Pixels of box offset (centre x + centre y + height) at which the reward's `keep` term falls to 1/e."""
@@ -34,8 +34,7 @@ def glyph_edit(images: torch.Tensor, prompts: list[str], metadata: list[dict], p
     from omnialign.rewards.base import Scores, images_of  # here: omnialign.rewards imports this world
 
     images = images_of(images, "glyph_edit")
-    recognizer = load_recognizer(path or str(ASSETS / "recognizer"), images.device)
-    p = recognizer.string_log_prob(images * 2 - 1, prompts).exp()
+    p = torch.tensor(glyph_ocr(images, prompts, metadata, path), device=images.device)
     offset = (ink_box(images) - ink_box(_sources(metadata, "glyph_edit").to(images.device))).abs().sum(1)
     keep = torch.exp(-offset / KEEP_SCALE)
     return Scores((p * keep).tolist(), [{"keep": k, "offset": o} for k, o in zip(keep.tolist(), offset.tolist())])
@@ -54,12 +53,9 @@ def glyph_edit_gold(
     if any("target_box" not in m or "source_digit" not in m for m in metadata):
         raise ValueError('glyph_edit_gold needs "target_box" and "source_digit" in the metadata: validate on the '
                          "glyphs edit set (data.val_prompts=edits_val), or set reward.gold=null")  # fmt: skip
-    judge = load_gold(path or str(ASSETS / "gold"), images.device)
-    reads = judge(images.float() * 2 - 1).argmax(-1).tolist()
+    gold = glyph_gold(images, prompts, metadata, path)  # the digit read, as the text-to-image gold judge reads it
     delta = (ink_box(images).cpu() - torch.tensor([m["target_box"] for m in metadata])).abs()
     kept = ((delta[:, :2].amax(1) <= KEPT_SHIFT) & (delta[:, 2] <= KEPT_HEIGHT)).tolist()
-    right = [r == CHARSET.index(p) for r, p in zip(reads, prompts)]
-    info = [{"reads": "-" if r == NOT_A_DIGIT else CHARSET[r], "not_a_digit": float(r == NOT_A_DIGIT),
-             "copied": float(r != NOT_A_DIGIT and CHARSET[r] == m["source_digit"]), "kept": float(k),
-             "edited": float(ok and k)} for r, m, k, ok in zip(reads, metadata, kept, right)]  # fmt: skip
-    return Scores([float(ok) for ok in right], info)
+    info = [{**i, "copied": float(i["reads"] == m["source_digit"]), "kept": float(k), "edited": float(ok and k)}
+            for i, m, k, ok in zip(gold.info, metadata, kept, gold)]  # fmt: skip
+    return Scores(list(gold), info)
