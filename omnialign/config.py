@@ -151,6 +151,9 @@ class RewardConfig:
     """Keyword options by reward name, e.g. {"ocr_vlm": {"url": "http://H:P/v1", "model": "M"}} (docs/rewards.md)."""
     remote: dict[str, str] = field(default_factory=dict)
     """Rewards served by `omnialign serve-reward`: name -> http://HOST:PORT; token from $OMNIALIGN_REWARD_TOKEN."""
+    per_frame: dict[str, str] = field(default_factory=dict)
+    """Video models: rewards of reward.weights (or reward.gold) that score images, applied to every frame of each
+    video and reduced over the frames: name -> "mean" or "min", e.g. {"ocr": "mean"} (docs/rewards.md)."""
     gold: str | None = None
     """A gold judge scored at validation only, never trained on or selected against (diffusion): a reward
     name (options from reward.options). Logged as val/gold/accuracy (its mean) and val/gold/KEY for each

@@ -152,7 +152,11 @@ def grid_path(run_dir: Path, step: int) -> Path:
 
 
 def save_grid(images: torch.Tensor, captions: list[str], ncols: int, path: Path, scale: int = 2) -> None:
-    """A PNG grid of images (N, C, H, W) in [0, 1], each with its caption underneath."""
+    """A PNG grid of images (N, C, H, W) in [0, 1], each with its caption underneath; videos (N, F, C, H, W) show
+    as strips of their frames, left to right, a 1-pixel white line between frames."""
+    if images.ndim == 5:
+        line = images.new_ones(*images.shape[:1], *images.shape[2:-1], 1)
+        images = torch.cat([torch.cat([frame, line], -1) for frame in images.unbind(1)], -1)[..., :-1]
     images = (images.detach().float().clamp(0, 1) * 255).round().byte().cpu()
     n, c, h, w = images.shape
     h, w = h * scale, w * scale

@@ -22,9 +22,8 @@ Everything mirrors `diffusers.WanPipeline` (a test samples with both and compare
   sharding and checkpoints see only it): it lays out the composition and motion the rewards judge, and one
   trained expert keeps one set of weights per run. `transformer_2` stays frozen, so a velocity computed
   with gradients below the boundary fails: keep the SDE window (`rollout.window_end`) in the high-noise steps.
-- decode: latents * latents_std + latents_mean, the Wan VAE, [-1, 1] to [0, 1]. `decode_video` gives the
-  frames (B, F, C, H, W); `decode` gives the middle frame (B, C, H, W), the stand-in that image rewards,
-  grids and diversity metrics score until video rewards land.
+- decode: latents * latents_std + latents_mean, the Wan VAE, [-1, 1] to [0, 1]: videos (B, F, C, H, W). Image
+  rewards score each frame through `reward.per_frame`; grids show each video as a strip of its frames.
 """
 
 import json
@@ -133,20 +132,15 @@ class WanPolicy:
             v[high] = self._expert(self.transformer, latents[high], sigma[high], cond["embeds"][high]).to(v.dtype)
         return v
 
-    def decode_video(self, latents: torch.Tensor) -> torch.Tensor:
-        """Latents (B, C, F', H', W') to video frames (B, F, C, H, W) as float in [0, 1]."""
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents (B, C, F', H', W') to videos (B, F, C, H, W) as float in [0, 1]: video rewards score them, and
+        image rewards score each frame through `reward.per_frame`."""
         config = self.vae.config
         x = latents.to(self.vae.dtype)
         mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(x.device, x.dtype)
         inverse_std = 1.0 / torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(x.device, x.dtype)
         video = self.vae.decode(x / inverse_std + mean, return_dict=False)[0]  # (B, C, F, H, W) in [-1, 1]
         return (video.float() / 2 + 0.5).clamp(0, 1).transpose(1, 2)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """The middle frame (B, C, H, W) in [0, 1] of `decode_video`: the stand-in image that image rewards, grids
-        and diversity metrics score until video rewards land."""
-        video = self.decode_video(latents)
-        return video[:, video.shape[1] // 2]
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         """(C, F', H', W') for videos of `self.frames` frames of height x width."""

@@ -1,9 +1,10 @@
 """Rewards: plain functions over lists, their weighted combination, and scoring in the background.
 
 A reward is `fn(outputs, prompts, metadata) -> list[float]` (see `omnialign.rewards.base`):
-outputs a float image tensor (B, C, H, W) in [0, 1] or B response strings, prompts B strings,
-metadata B dicts. Add one by writing such a function and naming it in `REWARDS`, or name its
-file in the config (`path/to/file.py:fn`). docs/rewards.md describes each reward and its sign.
+outputs a float image tensor (B, C, H, W) in [0, 1], a video tensor (B, F, C, H, W) (see
+`omnialign.rewards.video`) or B response strings, prompts B strings, metadata B dicts. Add one
+by writing such a function and naming it in `REWARDS`, or name its file in the config
+(`path/to/file.py:fn`). docs/rewards.md describes each reward and its sign.
 
 `reward.weights` names the rewards of a run: each name is a key of `REWARDS`, a user function
 `path/to/file.py:fn`, or a key of `reward.remote` (a reward served by `omnialign serve-reward`);
@@ -49,6 +50,7 @@ from omnialign.rewards.ocr import ocr, ocr_vlm
 from omnialign.rewards.pairwise import pairwise_vlm
 from omnialign.rewards.preference import aesthetic, clip_score, hps, image_reward, pickscore
 from omnialign.rewards.user import is_file_spec, load_reward
+from omnialign.rewards.video import per_frame, temporal_consistency, vlm_video
 from omnialign.rewards.vlm import vlm_judge
 from omnialign.worlds.glyphs import glyph_gold, glyph_ocr
 from omnialign.worlds.glyphs.edit import glyph_edit, glyph_edit_gold
@@ -78,6 +80,8 @@ REWARDS: dict[str, RewardFn] = {
     "math": math_answer,
     "jpeg_compressibility": jpeg_compressibility,
     "jpeg_incompressibility": jpeg_incompressibility,
+    "temporal_consistency": temporal_consistency,
+    "vlm_video": vlm_video,
 }
 
 log = logging.getLogger(__name__)
@@ -124,7 +128,8 @@ def resolve(config: RewardConfig) -> dict[str, RewardFn]:
     if not weights:
         raise ValueError('reward.weights is empty; name at least one reward, e.g. reward.weights={"glyph_ocr": 1}')
     named = set(weights) | {config.gold} - {None}
-    for field_name, names in (("optional", config.optional), ("options", config.options), ("remote", config.remote)):
+    for field_name, names in (("optional", config.optional), ("options", config.options), ("remote", config.remote),
+                              ("per_frame", config.per_frame)):  # fmt: skip
         stray = sorted(set(names) - named)
         if stray:
             raise ValueError(f"reward.{field_name} names {stray}, which neither reward.weights {sorted(weights)} "
@@ -132,7 +137,13 @@ def resolve(config: RewardConfig) -> dict[str, RewardFn]:
     bad = {k: w for k, w in weights.items() if not math.isfinite(w)}
     if bad:
         raise ValueError(f"reward.weights has non-finite weights {bad}")
-    return {name: lookup(name, config.options.get(name), config.remote) for name in weights}
+    return {name: framed(name, config) for name in weights}
+
+
+def framed(name: str, config: RewardConfig) -> RewardFn:
+    """The reward `name` with its options, applied per frame where `reward.per_frame` names it."""
+    fn = lookup(name, config.options.get(name), config.remote)
+    return per_frame(fn, name, config.per_frame[name]) if name in config.per_frame else fn
 
 
 def _call(fn: RewardFn, outputs: Outputs, prompts: list[str], metadata: list[dict]) -> Scores | Exception:
@@ -195,7 +206,7 @@ class RewardWorker:
     def __init__(self, config: RewardConfig, remote_threads: int = 8):
         self.config, self.fns = config, resolve(config)
         gold = config.gold  # the gold judge, scored at validation only (`reward.gold`)
-        self.gold = lookup(gold, config.options.get(gold), config.remote) if gold else None
+        self.gold = framed(gold, config) if gold else None
         self.local = ThreadPoolExecutor(1, thread_name_prefix="reward")
         self.remote = ThreadPoolExecutor(remote_threads, thread_name_prefix="reward-remote")
 
@@ -216,7 +227,7 @@ class RewardWorker:
                 result.set_exception(e)
 
         parts = {
-            name: (self.remote if isinstance(fn, RemoteReward) else self.local).submit(
+            name: (self.remote if name in self.config.remote else self.local).submit(
                 _call, fn, outputs, prompts, metadata
             )
             for name, fn in self.fns.items()

@@ -1,10 +1,11 @@
 """What every reward shares: the function type, per-sample info, and images as PNG.
 
 A reward is `fn(outputs, prompts, metadata) -> list[float]`: `outputs` is a float image tensor
-(B, C, H, W) in [0, 1] (C = 1 or 3) or a list of B response strings; `prompts` B strings;
-`metadata` B dicts (`ground_truth`, `data_source`, ...). A reward that has more to say per
-sample (a judge's raw reply, a transcription) returns `Scores(values, info)`: still a list of
-floats, with `info` one JSON-serialisable dict per sample; `rewards.score` collects it.
+(B, C, H, W) in [0, 1] (C = 1 or 3), a video tensor (B, F, C, H, W) in [0, 1] (`rewards.video`)
+or a list of B response strings; `prompts` B strings; `metadata` B dicts (`ground_truth`,
+`data_source`, ...). A reward that has more to say per sample (a judge's raw reply, a
+transcription) returns `Scores(values, info)`: still a list of floats, with `info` one
+JSON-serialisable dict per sample; `rewards.score` collects it.
 """
 
 import io
@@ -32,7 +33,9 @@ def images_of(outputs: Outputs, reward: str) -> torch.Tensor:
     """The outputs as an image batch, or a ValueError naming the reward that needs images."""
     if not isinstance(outputs, torch.Tensor) or outputs.ndim != 4 or outputs.shape[1] not in (1, 3):
         kind = f"a tensor of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor) else type(outputs)
-        raise ValueError(f"reward {reward!r} scores images (B, 1 or 3, H, W) in [0, 1]; got {kind}")
+        video = isinstance(outputs, torch.Tensor) and outputs.ndim == 5
+        hint = f'; to score each frame of videos, set reward.per_frame={{"{reward}": "mean"}}' if video else ""
+        raise ValueError(f"reward {reward!r} scores images (B, 1 or 3, H, W) in [0, 1]; got {kind}{hint}")
     return outputs
 
 

@@ -10,7 +10,8 @@ A `RemoteReward` can be named in a weighted combination like any other reward (c
 the trainer generates (see `omnialign.rewards`).
 
 Protocol (docs/rewards.md): `POST {url}/score` with `{"images": [base64 PNG, ...]}` (or
-`"texts": [...]`), `"prompts": [...]`, `"metadata": [...]}`; the reply is `{"scores": [...],
+`"videos": [[base64 PNG, ...], ...]`, each video's frames, or `"texts": [...]`), `"prompts": [...]`,
+`"metadata": [...]}`; the reply is `{"scores": [...],
 "info": [...]}` in sample order. `GET {url}/health` reports the server's state. An editing sample's
 `metadata["sources"]` (source image tensors) travels as `"sources": [[base64 PNG, ...] or null, ...]`,
 one entry per sample, and the server puts the decoded tensors back into its metadata.
@@ -19,9 +20,10 @@ Retries: connection errors, timeouts, HTTP 429 and 5xx are retried `retries` tim
 exponential backoff (`backoff * 2**k` seconds, capped at `max_backoff`, with +-50 % jitter; a
 server's Retry-After is honoured up to the cap), then a `RewardServerError` names the URL, the
 attempts and the last error. Any other 4xx fails at once with the server's message. A call of
-more than `chunk` samples is split into requests sent `concurrency` at a time and put back in
-sample order. Requests go through one httpx2 client per process, which keeps connections alive
-and reuses them (up to 64 idle, each for 5 s); proxies from the environment are not used.
+more than `chunk` samples (a video counts as its frames; at least one video a request) is split
+into requests sent `concurrency` at a time and put back in sample order. Requests go through one
+httpx2 client per process, which keeps connections alive and reuses them (up to 64 idle, each for
+5 s); proxies from the environment are not used.
 """
 
 import base64
@@ -133,7 +135,9 @@ class RemoteReward:
         n = len(prompts)
         if len(outputs) != n or len(metadata) != n:
             raise ValueError(f"{self!r}: {len(outputs)} outputs, {n} prompts, {len(metadata)} metadata; need equal")
-        spans = [(lo, min(lo + self.chunk, n)) for lo in range(0, n, self.chunk)]
+        frames = outputs.shape[1] if isinstance(outputs, torch.Tensor) and outputs.ndim == 5 else 1
+        step = max(1, self.chunk // frames)
+        spans = [(lo, min(lo + step, n)) for lo in range(0, n, step)]
         post = lambda span: self._post(outputs, prompts, metadata, *span)
         if len(spans) <= 1:
             replies = [post(s) for s in spans]
@@ -143,8 +147,11 @@ class RemoteReward:
         return Scores([v for r in replies for v in r["scores"]], [d for r in replies for d in r["info"]])
 
     def _post(self, outputs: Outputs, prompts: list[str], metadata: list[dict], lo: int, hi: int) -> dict:
-        if isinstance(outputs, torch.Tensor):
-            body = {"images": [base64.b64encode(to_png(image)).decode() for image in outputs[lo:hi]]}
+        png = lambda image: base64.b64encode(to_png(image)).decode()
+        if isinstance(outputs, torch.Tensor) and outputs.ndim == 5:
+            body = {"videos": [[png(frame) for frame in video] for video in outputs[lo:hi]]}
+        elif isinstance(outputs, torch.Tensor):
+            body = {"images": [png(image) for image in outputs[lo:hi]]}
         else:
             body = {"texts": list(outputs[lo:hi])}
         meta = list(metadata[lo:hi])

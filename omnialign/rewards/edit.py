@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from omnialign.rewards.base import Outputs, Scores, from_png, images_of
 from omnialign.rewards.ocr import ocr
-from omnialign.rewards.vlm import chat_each, judge_score
+from omnialign.rewards.vlm import judge
 
 EDIT_PROMPT = """You are shown the source image of an image edit (or several source images), then, as the last \
 image, the result of editing it with this instruction:
@@ -75,11 +75,8 @@ def _vlm_edit(
     images = images_of(outputs, name)
     shown = [[*sources_of(meta, i, name), image] for i, (image, meta) in enumerate(zip(images, metadata))]
     template = prompt or EDIT_PROMPT.replace("{question}", QUESTIONS[aspect]).replace("{aspect}", aspect.title())
-    replies = chat_each(shown, [template.replace("{prompt}", p) for p in prompts], concurrency, url=url, model=model,
-                        sampling={"temperature": 0.0, "max_tokens": 512} | (sampling or {}), api_key=api_key,
-                        timeout=timeout)  # fmt: skip
-    scored = [judge_score(reply, (aspect,)) for reply in replies]
-    return Scores([s for s, _ in scored], [info for _, info in scored])
+    return judge(shown, [template.replace("{prompt}", p) for p in prompts], url=url, model=model, sampling=sampling,
+                 api_key=api_key, timeout=timeout, concurrency=concurrency, dimensions=(aspect,))  # fmt: skip
 
 
 vlm_edit_following = partial(_vlm_edit, "following")

@@ -1,6 +1,6 @@
 """`omnialign serve-reward`: any reward over HTTP, concurrent requests batched into one call.
 
-    POST /score   {"images": [base64 PNG, ...] | "texts": [str, ...],
+    POST /score   {"images": [base64 PNG, ...] | "videos": [[base64 PNG, ...], ...] | "texts": [str, ...],
                    "prompts": [str, ...], "metadata": [object, ...] (optional),
                    "sources": [[base64 PNG, ...] | null, ...] (optional: editing samples' source images,
                                decoded into metadata[i]["sources"] as tensors (C, H, W) in [0, 1])}
@@ -11,7 +11,9 @@ Errors are `{"error": message}` with 400 (malformed body or image), 401 (bearer 
 408 (body too slow), 411/413 (body length), 422 (the reward raised ValueError on this request's
 samples, e.g. a missing ground_truth), 429 (queue full) and 503 (too many body bytes being read),
 both with Retry-After, 500 (the reward failed otherwise) and 504 (the reward call did not return in
-time). The full API is in docs/rewards.md; the client is `omnialign.rewards.client.RemoteReward`.
+time). A video is the list of its frames' PNGs (all of one size, every video of a request with as many
+frames); the reward gets them as (B, F, C, H, W). The full API is in docs/rewards.md; the client is
+`omnialign.rewards.client.RemoteReward`.
 
 `RewardServer` is a plain ASGI app run by uvicorn on one asyncio loop. A request is checked from
 its headers first (path, token, Content-Length), so a refused body is never held: uvicorn reads
@@ -19,7 +21,8 @@ ahead at most 64 KiB and discards the rest. Bodies are then read within `body_ti
 most `body_memory` bytes being read at once, and decoded on a worker thread. One batcher task takes
 everything waiting of one kind (texts, or images of one shape), up to `max_batch` samples, and
 calls the reward once on a thread of its own, so a model reward sees large batches under load and
-no request waits for a timer. A request larger than `max_batch` is scored alone, and so is each
+no request waits for a timer (a video counts as its frames toward `max_batch`). A request larger than
+`max_batch` is scored alone, and so is each
 request of a batch that failed, so that one bad request fails only itself. A call that has not
 returned after `reward_timeout` seconds fails its requests with 504 and is abandoned (its thread
 runs on until the reward returns); the next batch gets a new thread. At most `max_queue` requests
@@ -53,7 +56,8 @@ class _Job:
     outputs: Outputs
     prompts: list[str]
     metadata: list[dict]
-    key: tuple  # ("texts",) or ("images", C, H, W): jobs of one key can share a batch
+    key: tuple  # ("texts",), ("images", C, H, W) or ("videos", F, C, H, W): jobs of one key can share a batch
+    size: int  # samples, or frames for videos: what counts toward max_batch
     done: asyncio.Event = field(default_factory=asyncio.Event)
     scores: Scores | None = None
     error: str = ""
@@ -89,8 +93,9 @@ def parse_request(body: bytes) -> _Job:
     metadata = request.get("metadata") or [{} for _ in prompts]
     if not isinstance(metadata, list) or len(metadata) != n or not all(isinstance(m, dict) for m in metadata):
         raise ValueError(f"'metadata' must be a list of {n} objects, one per prompt (or left out)")
-    if ("images" in request) == ("texts" in request):
-        raise ValueError("give exactly one of 'images' (base64 PNG strings) and 'texts' (strings)")
+    if sum(kind in request for kind in ("images", "videos", "texts")) != 1:
+        raise ValueError("give exactly one of 'images' (base64 PNG strings), 'videos' (lists of base64 PNG "
+                         "strings, a video's frames) and 'texts' (strings)")  # fmt: skip
     sources = request.get("sources")
     if sources is not None:
         if not isinstance(sources, list) or len(sources) != n:
@@ -105,18 +110,31 @@ def parse_request(body: bytes) -> _Job:
         texts = request["texts"]
         if not isinstance(texts, list) or len(texts) != n or not all(isinstance(t, str) for t in texts):
             raise ValueError(f"'texts' must be a list of {n} strings, one per prompt")
-        return _Job(texts, prompts, metadata, ("texts",))
-    items = request["images"]
-    if not isinstance(items, list) or len(items) != n:
-        raise ValueError(f"'images' must be a list of {n} base64 PNG strings, one per prompt")
-    images = [_png(item, f"images[{i}]") for i, item in enumerate(items)]
-    for i, image in enumerate(images):
+        return _Job(texts, prompts, metadata, ("texts",), n)
+    kind = "videos" if "videos" in request else "images"
+    items, f = request[kind], 1
+    if kind == "images":
+        if not isinstance(items, list) or len(items) != n:
+            raise ValueError(f"'images' must be a list of {n} base64 PNG strings, one per prompt")
+        names = [f"images[{i}]" for i in range(n)]
+    else:
+        if not isinstance(items, list) or len(items) != n or not all(isinstance(v, list) and v for v in items):
+            raise ValueError(f"'videos' must be a list of {n} non-empty lists of base64 PNG strings (each video's "
+                             "frames), one per prompt")  # fmt: skip
+        f = len(items[0])
+        if any(len(v) != f for v in items):
+            raise ValueError(f"'videos' hold {sorted({len(v) for v in items})} frames: send videos of one length "
+                             "per request")  # fmt: skip
+        items, names = [x for v in items for x in v], [f"videos[{i}][{j}]" for i in range(n) for j in range(f)]
+    images = [_png(item, name) for item, name in zip(items, names)]
+    for name, image in zip(names, images):
         if image.shape != images[0].shape:
             raise ValueError(
-                f"images[{i}] has shape {tuple(image.shape)} but images[0] {tuple(images[0].shape)}: "
+                f"{name} has shape {tuple(image.shape)} but {names[0]} {tuple(images[0].shape)}: "
                 "send images of one size and mode per request"
             )
-    return _Job(torch.stack(images), prompts, metadata, ("images", *images[0].shape))
+    outputs = torch.stack(images).unflatten(0, (n, f)) if kind == "videos" else torch.stack(images)
+    return _Job(outputs, prompts, metadata, (kind, *outputs.shape[1:]), n * f)
 
 
 class _Protocol(H11Protocol):
@@ -286,9 +304,9 @@ class RewardServer:
                 waiting.append(self.jobs.get_nowait())
             batch, rest, size = [], deque(), 0
             for job in waiting:
-                if not batch or (job.key == batch[0].key and size + len(job.prompts) <= self.max_batch):
+                if not batch or (job.key == batch[0].key and size + job.size <= self.max_batch):
                     batch.append(job)
-                    size += len(job.prompts)
+                    size += job.size
                 else:
                     rest.append(job)
             waiting = rest
@@ -297,7 +315,7 @@ class RewardServer:
     def _call(self, batch: list[_Job]) -> Scores:
         """The reward on a merged batch (runs on a reward thread); raises when it fails."""
         prompts = [p for job in batch for p in job.prompts]
-        if batch[0].key[0] == "images":
+        if batch[0].key[0] != "texts":
             outputs = torch.cat([job.outputs for job in batch])
             outputs = outputs if self.device is None else outputs.to(self.device)
         else:

@@ -10,7 +10,8 @@ API key from `api_key` or $OPENAI_API_KEY, and the client's retries.
 is the mean of the scores found, each mapped to [0, 1] as (s - 1) / 4. The parser takes the last
 number after each dimension's name on its line (any markup, "(1-5)" and "out of 5" ignored),
 clamped to [1, 5]; a reply with none of the three scores 0, and `info` keeps the raw reply, the
-three mapped scores and what was missing.
+three mapped scores and what was missing. `rewards.video.vlm_video` asks the same of sampled frames of a
+video (`VIDEO_JUDGE_PROMPT`).
 """
 
 import base64
@@ -28,6 +29,18 @@ Rate the image on three dimensions, each an integer from 1 (poor) to 5 (excellen
 Alignment: how well the image shows everything the caption describes.
 Coherence: how logically and visually consistent the image is (no distortions, glitches or artifacts).
 Style: how aesthetically appealing the image is, regardless of the caption.
+Text caption: {prompt}
+Explain briefly, then end your reply with exactly these three lines:
+Alignment Score: X
+Coherence Score: Y
+Style Score: Z"""
+
+VIDEO_JUDGE_PROMPT = """You are presented with {frames} frames of one generated video, in order, and the text \
+caption it was generated from. Rate the video on three dimensions, each an integer from 1 (poor) to 5 (excellent):
+Alignment: how well the video shows everything the caption describes, including any change over time.
+Coherence: how logically and visually consistent the video is, within and across frames (no distortions, \
+glitches, artifacts or flicker).
+Style: how aesthetically appealing the video is, regardless of the caption.
 Text caption: {prompt}
 Explain briefly, then end your reply with exactly these three lines:
 Alignment Score: X
@@ -114,8 +127,26 @@ def vlm_judge(
 ) -> Scores:
     """Reward: a VLM's 1-5 alignment, coherence and style ratings, mean mapped to [0, 1]; higher is better."""
     images = images_of(outputs, "vlm_judge")
-    replies = chat_each(images, [prompt.replace("{prompt}", p) for p in prompts], concurrency, url=url, model=model,
+    return judge(images, [prompt.replace("{prompt}", p) for p in prompts], url=url, model=model, sampling=sampling,
+                 api_key=api_key, timeout=timeout, concurrency=concurrency)  # fmt: skip
+
+
+def judge(
+    images: torch.Tensor | list[list[torch.Tensor]],
+    texts: list[str],
+    *,
+    url: str,
+    model: str,
+    sampling: dict | None,
+    api_key: str | None,
+    timeout: float,
+    concurrency: int,
+    dimensions: tuple[str, ...] = DIMENSIONS,
+) -> Scores:
+    """`judge_score` of the reply to each (image or list of images, question) pair, at temperature 0 unless
+    `sampling` says otherwise (`vlm_judge`, `vlm_video`, `vlm_edit_*`)."""
+    replies = chat_each(images, texts, concurrency, url=url, model=model,
                         sampling={"temperature": 0.0, "max_tokens": 512} | (sampling or {}), api_key=api_key,
                         timeout=timeout)  # fmt: skip
-    scored = [judge_score(reply) for reply in replies]
+    scored = [judge_score(reply, dimensions) for reply in replies]
     return Scores([s for s, _ in scored], [info for _, info in scored])
