@@ -268,6 +268,13 @@ class EngineConfig:
     it off: at FLUX.1's shapes the cuDNN backward fails on an H200 with torch 2.11 (an illegal memory access;
     "mha_graph.execute(...).is_good()" under CUDA_LAUNCH_BLOCKING=1), while the flash kernel SDPA then picks
     trains (BENCHMARKS.md). Qwen-Image's masked attention is faster with cuDNN."""
+    sequence_parallel: int = 1
+    """Split each sample's tokens over groups of this many consecutive processes (Ulysses attention,
+    engine/sequence.py; docs/engine.md): for videos whose activations outgrow one device. The processes of a group
+    hold the same samples, so data parallelism runs over the groups (data.prompts_per_step is shared by the process
+    count / this); FSDP2 still shards over every process. It must divide the process count and the network's
+    attention heads, and the network needs diffusers' context-parallel plan (Wan, Qwen-Image, FLUX; not SD3 or
+    glyphs). Online diffusion algorithms only."""
 
 
 @dataclass
@@ -417,12 +424,20 @@ def training_batch(config: Config) -> tuple[int, int, str]:
 
 
 def check_world_size(config: Config, world_size: int) -> None:
-    """Whether `world_size` devices can share the step: whole prompt groups and equal mini-batch shares."""
+    """Whether `world_size` devices can share the step: sequence-parallel groups, whole prompt groups and equal
+    mini-batch shares (over the data-parallel groups: `world_size / engine.sequence_parallel` of them)."""
     batch, multiple, unit = training_batch(config)
-    mini = config.actor.mini_batch_size or batch
-    if config.data.prompts_per_step % world_size or mini % (world_size * multiple):
+    mini, n = config.actor.mini_batch_size or batch, config.engine.sequence_parallel
+    if world_size % n:
         raise ConfigError(
-            f"{world_size} devices cannot share data.prompts_per_step={config.data.prompts_per_step} (prompt groups "
+            f"engine.sequence_parallel={n} must divide the number of processes ({world_size}): start a multiple of "
+            f"{n} processes (torchrun --nproc-per-node) or set a divisor of {world_size}"
+        )
+    groups = world_size // n
+    if config.data.prompts_per_step % groups or mini % (groups * multiple):
+        shares = f"{world_size} devices" if n == 1 else f"{groups} groups of engine.sequence_parallel={n} devices"
+        raise ConfigError(
+            f"{shares} cannot share data.prompts_per_step={config.data.prompts_per_step} (prompt groups "
             f"are never split) and a mini-batch of {mini} {unit.split(':')[0]} equally: run on a device count that "
             f"divides both, or change data.prompts_per_step / actor.mini_batch_size"
         )
@@ -467,6 +482,11 @@ def validate(config: Config) -> Config:
                                        and a.mini_batch_size % multiple == 0),
          f"actor.mini_batch_size={a.mini_batch_size} must divide the training batch {batch} ({unit})"),
         (config.model.lora.rank >= 0, f"model.lora.rank={config.model.lora.rank} must be >= 0"),
+        (config.engine.sequence_parallel >= 1,
+         f"engine.sequence_parallel={config.engine.sequence_parallel} must be at least 1 (1: no split)"),
+        (config.engine.sequence_parallel == 1 or config.algorithm.name not in (*LANGUAGE_ALGORITHMS, "diffusion_dpo"),
+         f"engine.sequence_parallel={config.engine.sequence_parallel}: only the online diffusion trainer splits "
+         f"sequences, not algorithm.name={config.algorithm.name}; set engine.sequence_parallel=1"),
         (not (a.timestep_staging and config.engine.cpu_offload),
          "actor.timestep_staging=true with engine.cpu_offload=true: staging copies to the device that offload "
          "avoids; turn one off"),

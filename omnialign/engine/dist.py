@@ -50,22 +50,23 @@ def init() -> World:
     return World(dist.get_rank(), dist.get_world_size(), device)
 
 
-def all_gather(tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate equally shaped tensors of every rank along dim 0 (rank order)."""
+def all_gather(tensor: torch.Tensor, every: int = 1) -> torch.Tensor:
+    """Concatenate equally shaped tensors of every rank along dim 0 (rank order). With `every`=N, those of ranks
+    0, N, 2N, ... only: the first of each sequence-parallel group, whose N ranks hold the same samples."""
     if dist.get_world_size() == 1:
         return tensor
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, tensor.contiguous())
-    return torch.cat(parts)
+    return torch.cat(parts[::every])
 
 
-def all_gather_list(items: list) -> list:
-    """Concatenate picklable lists of every rank (rank order)."""
+def all_gather_list(items: list, every: int = 1) -> list:
+    """Concatenate picklable lists of every rank (rank order); of every `every`-th rank only, as `all_gather`."""
     if dist.get_world_size() == 1:
         return items
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, items)
-    return [item for part in parts for item in part]
+    return [item for part in parts[::every] for item in part]
 
 
 def mean_across(tensor: torch.Tensor) -> torch.Tensor:

@@ -162,11 +162,14 @@ def update(
     device: torch.device | None = None,
     return_model_output: bool = False,
     progress: bool = False,
+    grad_scale: float = 1.0,
 ) -> UpdateResult:
     """Train on a batch: `config.epochs` passes, one optimizer step per mini-batch.
 
     Each (micro-batch, step) loss is scaled so that a mini-batch's gradient is the mean over its
-    samples and steps. Metrics come back as 0-d tensor means (no host sync besides the finite
+    samples and steps, times `grad_scale` (the group size under sequence parallelism: FSDP2 averages
+    gradients over every process, while each process of a group holds a part of its samples' gradient,
+    the parts summing to it). Metrics come back as 0-d tensor means (no host sync besides the finite
     check of each optimizer step); `skipped_updates` and `updates` are counts. A non-finite loss or
     gradient raises `optim.NonFiniteUpdate` unless `config.skip_nonfinite`.
     """
@@ -187,7 +190,7 @@ def update(
         loss, metrics, outputs = objective.fn(inputs)
         n = len(loss)
         scaled = loss.mean() * (n / mini / steps)
-        scaled.backward()
+        (scaled * grad_scale).backward()
         mini_loss = mini_loss.to(scaled.device) + scaled.detach()
         means.add("loss", loss)
         for name, value in metrics.items():

@@ -1,7 +1,7 @@
 """Build the policy a diffusion trainer trains: load, LoRA, reference/old/teacher contexts, shard.
 
-Order matters: load on the host, add LoRA, make the frozen copies, shard (which places the trained
-network on the device), then move the frozen components.
+Order matters: load on the host, add LoRA, make the frozen copies, split their tokens (engine.sequence_parallel),
+shard (which places the trained network on the device), then move the frozen components.
 """
 
 import copy
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from omnialign.config import Config
-from omnialign.engine import dist, fsdp
+from omnialign.engine import dist, fsdp, sequence
 from omnialign.models import LOADERS, lora
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context, swapped_network
@@ -26,10 +26,26 @@ def shard_frozen(frozen: nn.Module, like: nn.Module, blocks: list[nn.Module], co
     """Freeze and shard a network of the same architecture as `like`, per its blocks named as `blocks` in `like`."""
     names = {id(m): name for name, m in like.named_modules()}
     frozen.requires_grad_(False).eval()
+    split_sequence(frozen, config, world)
     fsdp.shard(frozen, [frozen.get_submodule(names[id(b)]) for b in blocks], fsdp.mesh(world),
                getattr(torch, config.model.dtype), False, config.engine.cpu_offload,
                compile=config.engine.compile)  # fmt: skip
     return frozen
+
+
+def split_sequence(net: nn.Module, config: Config, world: dist.World) -> None:
+    """With engine.sequence_parallel=N > 1, split each sample's tokens of `net` over groups of N consecutive ranks
+    (engine/sequence.py; checks that N divides the process count and the attention heads). Before sharding."""
+    n = config.engine.sequence_parallel
+    if n == 1:
+        return
+    if net._cp_plan is None:
+        raise ValueError(
+            f"engine.sequence_parallel={n}: model.arch={config.model.arch}'s network ({type(net).__name__}) has no "
+            "context-parallel plan (diffusers' _cp_plan), so its tokens cannot be split: set "
+            "engine.sequence_parallel=1, or train an architecture that has one (wan, qwen_image, flux)"
+        )
+    sequence.split_sequence(net, sequence.mesh(world, n))
 
 
 def build_policy(
@@ -57,6 +73,7 @@ def build_policy(
         teacher = LOADERS[config.model.arch](dataclasses.replace(config.model, path=a.teacher_path)).transformer
         contexts["teacher"] = swapped_network(policy, shard_frozen(teacher.float(), net, blocks, config, world))
     e = config.engine
+    split_sequence(net, config, world)
     fsdp.attention_kernels(cudnn=e.cudnn_attention)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
                e.cpu_offload, e.reshard_after_forward, e.compile)  # fmt: skip

@@ -54,8 +54,11 @@ class OnlineTrainer:
         sync=lambda: None,
     ):
         self.config, self.policy, self.params = config, policy, params
-        # the optimizer steps on a global mini-batch: each rank contributes its share of it
-        self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], world.size)
+        # data parallelism runs over groups of engine.sequence_parallel consecutive ranks, which hold the same samples
+        self.group = config.engine.sequence_parallel
+        self.dp_rank, self.dp_size = world.rank // self.group, world.size // self.group
+        # the optimizer steps on a global mini-batch: each data-parallel rank contributes its share of it
+        self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], self.dp_size)
         self.optimizer, self.scheduler, self.algorithm = optimizer, scheduler, algorithm
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts, self.metadata = load_prompt_set(config.data.prompts)
@@ -84,12 +87,16 @@ class OnlineTrainer:
         with phase("reward_wait"):
             reward, parts, reward_metrics = self.collect(futures)
         with phase("advantage"):
-            all_rewards = dist.all_gather(reward.to(device))
+            # every sample once, scored as the first rank of its sequence-parallel group scored it (the group's
+            # ranks hold the same samples, which a remote reward may score differently)
+            scores = dist.all_gather(torch.stack([reward, *parts.values()], 1).to(device), self.group)
+            all_rewards, all_parts = scores[:, 0], dict(zip(parts, scores[:, 1:].unbind(1)))
+            all_groups = dist.all_gather(group.to(device), self.group)
             advantages, adv_metrics = group_relative(
-                all_rewards, dist.all_gather(group.to(device)), c.algorithm.global_std, c.algorithm.norm_by_std
+                all_rewards, all_groups, c.algorithm.global_std, c.algorithm.norm_by_std
             )
-            mine = slice(self.world.rank * len(reward), (self.world.rank + 1) * len(reward))
-            traj.rewards, traj.advantages = reward.to(device), advantages[mine]
+            mine = slice(self.dp_rank * len(reward), (self.dp_rank + 1) * len(reward))
+            traj.rewards, traj.advantages = all_rewards[mine], advantages[mine]
             batch = self.algorithm.batch(traj, step)
         if c.actor.timestep_staging:
             batch = batch.cpu()
@@ -100,10 +107,10 @@ class OnlineTrainer:
         with phase("update"):
             update = actor.update(self.algorithm.objective, batch, self.params, self.optimizer, self.scheduler,
                                   self.actor_config, seed=c.seed * 1_000_003 + step, device=device,
-                                  progress=self.progress)  # fmt: skip
+                                  progress=self.progress, grad_scale=self.group)  # fmt: skip
             self.algorithm.after_update(step)
         metrics.update({f"actor/{k}": v for k, v in update.metrics.items()})
-        metrics.update({f"reward/{k}": v.mean() for k, v in parts.items() if len(parts) > 1})
+        metrics.update({f"reward/{k}": v.mean() for k, v in all_parts.items() if len(parts) > 1})
         metrics.update({
             "reward/mean": all_rewards.mean(), "reward/std": all_rewards.std(),
             "reward/zero_std_ratio": adv_metrics["zero_std_ratio"], "reward/group_std": adv_metrics["group_std"],
@@ -132,10 +139,11 @@ class OnlineTrainer:
         return submit
 
     def share_of_step(self, step: int) -> tuple[list[str], list[dict], torch.Tensor, torch.Tensor]:
-        """This rank's prompts (whole groups of rollout.n), their metadata, group ids and per-sample seeds."""
+        """This data-parallel rank's prompts (whole groups of rollout.n), their metadata, group ids and per-sample
+        seeds."""
         c, n = self.config, self.config.rollout.n
-        per_rank = c.data.prompts_per_step // self.world.size
-        first = self.world.rank * per_rank
+        per_rank = c.data.prompts_per_step // self.dp_size
+        first = self.dp_rank * per_rank
         index = prompts_for_step(self.prompts, c.data.prompts_per_step, c.seed, step)[first : first + per_rank]
         seeds = sample_seeds(c.seed, step, c.data.prompts_per_step * n)[first * n : (first + per_rank) * n]
         group = torch.arange(first, first + per_rank).repeat_interleave(n)
@@ -179,13 +187,13 @@ class OnlineTrainer:
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, torch.Tensor]:
         """ODE samples of every validation prompt x `data.val_seeds` fixed seeds, shared out over
-        the ranks and gathered; writes the grid."""
+        the data-parallel ranks and gathered; writes the grid."""
         c, world = self.config, self.world
         n = c.data.val_seeds
         prompts = [p for p in self.val_prompts for _ in range(n)]
-        share = -(-len(prompts) // world.size)  # padded so that every rank has the same count
-        padded = prompts + prompts[-1:] * (share * world.size - len(prompts))
-        mine = slice(world.rank * share, (world.rank + 1) * share)
+        share = -(-len(prompts) // self.dp_size)  # padded so that every rank has the same count
+        padded = prompts + prompts[-1:] * (share * self.dp_size - len(prompts))
+        mine = slice(self.dp_rank * share, (self.dp_rank + 1) * share)
         seeds = torch.arange(len(padded)) + VAL_SEED
         val_meta = [self.decoded(m, f"data.val_prompts item {i}") for i, m in enumerate(self.val_metadata)]
         meta = [{**val_meta[min(i, len(prompts) - 1) // n], "group": min(i, len(prompts) - 1) // n}
@@ -193,8 +201,8 @@ class OnlineTrainer:
         images_mine = generate_ode(self.policy, padded[mine], seeds[mine], c.rollout, world.device,
                                    self.sources(meta[mine]))  # fmt: skip
         reward, failures = self.score(images_mine, padded[mine], meta[mine])
-        images = dist.all_gather(images_mine)[: len(prompts)]
-        reward = dist.all_gather(reward.to(world.device))[: len(prompts)]
+        images = dist.all_gather(images_mine, self.group)[: len(prompts)]
+        reward = dist.all_gather(reward.to(world.device), self.group)[: len(prompts)]
         group = torch.arange(len(self.val_prompts)).repeat_interleave(n)
         gold, reads = self.judge(images_mine, padded[mine], meta[mine], len(prompts))
         if world.is_main:
@@ -214,8 +222,8 @@ class OnlineTrainer:
 
     def judge(self, images: torch.Tensor, prompts: list[str], meta: list[dict], count: int
               ) -> tuple[dict[str, torch.Tensor], list[str]]:  # fmt: skip
-        """The gold judge's verdicts on this rank's validation images, gathered over the ranks (first `count`):
-        {"accuracy": its scores, KEY: each number of its info} as (count,) tensors, and what it reads."""
+        """The gold judge's verdicts on this rank's validation images, gathered over the data-parallel ranks (first
+        `count`): {"accuracy": its scores, KEY: each number of its info} as (count,) tensors, and what it reads."""
         if self.gold is None:
             return {}, [""] * count
         scores = self.gold(images, prompts, meta)
@@ -223,8 +231,8 @@ class OnlineTrainer:
         numbers = [k for k, v in info[0].items() if isinstance(v, (int, float))]
         values = {"accuracy": list(scores), **{k: [i[k] for i in info] for k in numbers}}
         device = self.world.device
-        gathered = {k: dist.all_gather(torch.tensor(v, device=device))[:count] for k, v in values.items()}
-        return gathered, dist.all_gather_list([str(i.get("reads", "")) for i in info])[:count]
+        gathered = {k: dist.all_gather(torch.tensor(v, device=device), self.group)[:count] for k, v in values.items()}
+        return gathered, dist.all_gather_list([str(i.get("reads", "")) for i in info], self.group)[:count]
 
     def fit(self, resume: Path | None = None) -> dict:
         """Train to trainer.total_steps (from a checkpoint if given); returns the validation summary."""
