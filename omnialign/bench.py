@@ -2,6 +2,7 @@
 
     omnialign bench staging --windows 2 10 50 --modes off on prefetch --out staging.json
     omnialign bench recipe --recipe qwen_image_ocr_flowgrpo_lora --prompts 8 --steps 1 --out flowgrpo.json
+    omnialign bench recipe --recipe wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --out wan.json
     omnialign bench language --recipe qwen3_omni_dpo --steps 3 --seq-len 1024 --out dpo.json
     omnialign bench language --recipe choice_gspo --model-size 4b --steps 2 --out gspo.json
     omnialign bench decode --model-size 8b --prompts 128 --prompt-len 256 --max-new-tokens 128 --out decode.json
@@ -23,6 +24,12 @@ Qwen-Image-Edit recipes (`model.arch=qwen_image_edit`) run on Qwen-Image-Edit-25
 transformer, VAE and Qwen2.5-VL-7B with its vision tower, random bf16 weights) with the same prompts as instructions,
 each with one random source image of the rollout size (the recipes keep sources at their size); MFU counts the
 source's tokens among the image tokens and its vision tokens among the text tokens.
+Wan recipes (`model.arch=wan`, `full_wan`) run on the released transformer named by `model.path`'s folder
+(Wan2.1-T2V-1.3B: 1.42 B, 30 blocks of 1536; Wan2.1-T2V-14B: 14.3 B, 40 blocks of 5120; Wan2.2-T2V-A14B: two such
+experts), the UMT5-XXL encoder and the Wan 2.1 VAE, random bf16 weights, at the recipe's frames and size (e.g.
+`--set model.frames=33`); the stand-in reward scores every frame (`reward.per_frame`) and a row counts videos
+(`videos_per_gpu_s`). MFU counts the video tokens (latent frames x H/16 x W/16: 32760 at 832x480x81) in
+self-attention and the MLP and the 512 text tokens in cross-attention (`wan_flops`).
 
 `staging`: the FlowGRPO update of a Qwen-Image-size transformer (the released config, random
 weights, bf16, peft LoRA r64 on the 12 projections, activation checkpointing, FSDP2 at world
@@ -83,6 +90,7 @@ from omnialign.models import lora
 from omnialign.models.base import LanguagePolicy
 from omnialign.models.flux import GUIDANCE, PREFERRED_KONTEXT_RESOLUTIONS, FluxPolicy
 from omnialign.models.qwen_image import LORA_TARGETS, QwenImagePolicy
+from omnialign.models.wan import MAX_SEQUENCE_LENGTH, WanPolicy
 from omnialign.trainer import actor
 
 QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
@@ -244,6 +252,52 @@ def full_flux(device: torch.device, text_tokens: int, model: ModelConfig) -> Flu
                       max_sequence_length=text_tokens)  # fmt: skip
 
 
+# The released Wan transformers by the folder name of a recipe's model.path (diffusers' defaults are the 14B's:
+# dim 5120 = 40 heads of 128, 40 layers, ffn 13824, text_dim 4096, 16 latent channels, patch (1, 2, 2)).
+# A14B: two experts of the 14B's shape, the high-noise one above its boundary_ratio.
+WAN = {
+    "Wan2.1-T2V-1.3B-Diffusers": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30),
+    "Wan2.1-T2V-14B-Diffusers": {},
+    "Wan2.2-T2V-A14B-Diffusers": {},
+}
+WAN_BOUNDARY = {"Wan2.2-T2V-A14B-Diffusers": 0.875}
+# google/umt5-xxl's encoder, the text encoder of every Wan pipeline.
+UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                feed_forward_proj="gated-gelu", decoder_start_token_id=0)  # fmt: skip
+
+
+def full_wan(device: torch.device, model: ModelConfig) -> WanPolicy:
+    """The Wan pipeline named by `model.path`'s folder (a key of `WAN`) at its released sizes with random weights,
+    built on `device` in bf16: the transformer (Wan 2.2 A14B: both experts), the UMT5-XXL encoder, the Wan 2.1 VAE
+    (`AutoencoderKLWan`'s default config). The tiny character-level T5 tokenizer stands in (the prompts are
+    synthetic)."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from omnialign.models.tiny import t5_tokenizer
+
+    name = Path(model.path or "").name
+    if name not in WAN:
+        raise ValueError(f"model.path={model.path!r}: the full-size Wan benchmark builds a folder named one of "
+                         f"{sorted(WAN)}; set model.path=models/NAME")  # fmt: skip
+    boundary = WAN_BOUNDARY.get(name)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            transformer = WanTransformer3DModel(**WAN[name])
+            second = None if boundary is None else WanTransformer3DModel(**WAN[name])
+            encoder = UMT5EncoderModel(UMT5Config(**UMT5_XXL))
+            vae = AutoencoderKLWan()
+    finally:
+        torch.set_default_dtype(default)
+    return WanPolicy(transformer, vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval(),
+                     t5_tokenizer(), shift=model.shift or 3.0, frames=model.frames,
+                     transformer_2=None if second is None else second.requires_grad_(False).eval(),
+                     boundary_ratio=boundary,
+                     max_sequence_length=model.text_tokens or MAX_SEQUENCE_LENGTH)  # fmt: skip
+
+
 def write_bench_prompts(path: Path, edits: bool, height: int, width: int) -> None:
     """The OCR prompts as a prompt parquet; for an editing model each with one random RGB source (PNG) of the
     output size."""
@@ -268,7 +322,7 @@ def write_bench_prompts(path: Path, edits: bool, height: int, width: int) -> Non
 
 @contextmanager
 def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: list[str] = ()) -> Iterator:
-    """The `OnlineTrainer` of a Qwen-Image or FLUX recipe with `prompts` prompts per GPU on the full-size random
+    """The `OnlineTrainer` of a Qwen-Image, FLUX or Wan recipe with `prompts` prompts per GPU on the full-size random
     pipeline (or the tiny one), its reward worker running; see the module docstring."""
     import dataclasses
 
@@ -283,15 +337,20 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
     from omnialign.trainer.online import OnlineTrainer
 
     world = dist.init()
+    base = RECIPES[recipe]()
+    video = base.model.arch == "wan"
     overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
                  f"data.prompts_per_step={prompts * world.size}",
-                 'reward.weights={"jpeg_compressibility": 1.0}', "model.text_tokens=128", "trainer.progress=false",
-                 f"trainer.output_dir={work}"]  # fmt: skip
+                 'reward.weights={"jpeg_compressibility": 1.0}', f"model.text_tokens={base.model.text_tokens or 128}",
+                 "trainer.progress=false", f"trainer.output_dir={work}"]  # fmt: skip
+    if video:  # the stand-in scores every frame
+        overrides.append('reward.per_frame={"jpeg_compressibility": "mean"}')
     if tiny:
         overrides += ["model.dtype=float32", "rollout.height=32", "rollout.width=32", "rollout.n=4",
                       "rollout.micro_batch_size=4", "actor.micro_batch_size=2",
                       "engine.activation_checkpointing=false"]  # fmt: skip
-    config = validate(apply_overrides(RECIPES[recipe](), overrides + list(extra)))
+        overrides += ["model.frames=5"] if video else []
+    config = validate(apply_overrides(base, overrides + list(extra)))
     config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
     arch = config.model.arch
     if world.is_main:
@@ -300,13 +359,16 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
                             config.rollout.height, config.rollout.width)  # fmt: skip
         if tiny:
             {"qwen_image": tiny_models.qwen_image, "flux": tiny_models.flux, "flux_kontext": tiny_models.flux_kontext,
-             "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True)}[arch](work / "tiny")  # fmt: skip
+             "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True),
+             "wan": tiny_models.wan}[arch](work / "tiny")  # fmt: skip
     torch.distributed.barrier()
     if tiny:
         config.model.path = str(work / "tiny")
         policy = LOADERS[arch](config.model)
     elif arch in ("flux", "flux_kontext"):
         policy = full_flux(world.device, config.model.text_tokens, config.model)
+    elif arch == "wan":
+        policy = full_wan(world.device, config.model)
     else:
         policy = full_qwen_image(world.device, config.model.text_tokens, arch == "qwen_image_edit",
                                  config.model.source_resize)  # fmt: skip
@@ -361,20 +423,40 @@ def qwen_image_edit_tokens(policy, height: int, width: int) -> tuple[int, int]:
     return grid[0] * grid[1] + (h // multiple) * (w // multiple), vision + policy.max_sequence_length
 
 
+def wan_tokens(policy, height: int, width: int) -> int:
+    """Wan's video tokens per sample: latent frames x (H / 16) x (W / 16) for the released VAE and patch (1, 2, 2)."""
+    _, frames, h, w = policy.latent_shape(height, width)
+    patch = policy.transformer.config.patch_size
+    return frames // patch[0] * (h // patch[1]) * (w // patch[2])
+
+
+def wan_flops(layers: int, dim: int, ffn: int, video_tokens: int, text_tokens: int) -> float:
+    """Wan transformer forward FLOPs of one sample: per block, self-attention over the video tokens (projections
+    8 N d^2, scores and values 4 N^2 d), cross-attention to the text (query and output 4 N d^2, keys and values
+    4 T d^2, scores and values 4 N T d) and the MLP (4 N d ffn)."""
+    n, t = video_tokens, text_tokens
+    return layers * (12 * n * dim**2 + 4 * t * dim**2 + 4 * n * n * dim + 4 * n * t * dim + 4 * n * dim * ffn)
+
+
 def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, world) -> dict:
-    """images/GPU/s, phase seconds, peak memory and MFU of one measured step."""
+    """images (videos for Wan)/GPU/s, phase seconds, peak memory and MFU of one measured step."""
     r, a = config.rollout, config.algorithm
     images = config.data.prompts_per_step * r.n // world.size
     seconds = sum(phases.values())
     tc = policy.transformer.config
-    grid = policy.latent_shape(r.height, r.width)
-    layers, image_tokens, text_tokens = tc.num_layers, grid[0] * grid[1], config.model.text_tokens or 512
-    if config.model.arch in ("flux", "flux_kontext"):
-        layers, image_tokens = flux_layers_and_tokens(policy, r.height, r.width)
-    if config.model.arch == "qwen_image_edit":
-        image_tokens, text_tokens = qwen_image_edit_tokens(policy, r.height, r.width)
-    forward = transformer_flops(layers, tc.num_attention_heads * tc.attention_head_dim, image_tokens,
-                                text_tokens)  # fmt: skip
+    text_tokens = config.model.text_tokens or 512
+    if config.model.arch == "wan":
+        forward = wan_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim, tc.ffn_dim,
+                            wan_tokens(policy, r.height, r.width), text_tokens)  # fmt: skip
+    else:
+        grid = policy.latent_shape(r.height, r.width)
+        layers, image_tokens = tc.num_layers, grid[0] * grid[1]
+        if config.model.arch in ("flux", "flux_kontext"):
+            layers, image_tokens = flux_layers_and_tokens(policy, r.height, r.width)
+        if config.model.arch == "qwen_image_edit":
+            image_tokens, text_tokens = qwen_image_edit_tokens(policy, r.height, r.width)
+        forward = transformer_flops(layers, tc.num_attention_heads * tc.attention_head_dim, image_tokens,
+                                    text_tokens)  # fmt: skip
     cfg = 2 if r.guidance != 1.0 else 1
     backward = 1 if config.model.lora.rank else 2
     if a.name == "nft":
@@ -387,13 +469,14 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
         train = r.window_size * cfg * (1 + backward) + (r.window_size * cfg if a.kl_coef > 0 else 0)
         rollout_fwd = r.steps * cfg
     flops = images * forward * (rollout_fwd + train)
+    unit = "video" if config.model.arch == "wan" else "image"
     return {
         "recipe": config.recipe, "gpus": world.size, "compile": config.engine.compile, "step": step,
-        "images": images, "step_s": round(seconds, 1),
-        "images_per_gpu_s": round(images / seconds, 3),
+        f"{unit}s": images, "step_s": round(seconds, 1),
+        f"{unit}s_per_gpu_s": round(images / seconds, 3),
         **{k.removeprefix("timing/") + "_s": round(v, 1) for k, v in phases.items()},
         "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
-        "tflop_per_image": round(flops / images / 1e12, 1), "mfu": round(flops / seconds / (peak_tflops * 1e12), 3),
+        f"tflop_per_{unit}": round(flops / images / 1e12, 1), "mfu": round(flops / seconds / (peak_tflops * 1e12), 3),
         "peak_tflops": peak_tflops,
     }  # fmt: skip
 

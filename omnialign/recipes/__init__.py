@@ -1,6 +1,6 @@
 """Recipes: functions returning a full `Config`. A variant calls its base and edits a few fields."""
 
-from omnialign.recipes import flux, qwen3_omni, qwen_image, sd3
+from omnialign.recipes import flux, qwen3_omni, qwen_image, sd3, wan
 from omnialign.worlds import choice, glyphs
 
 RECIPES = {
@@ -13,6 +13,7 @@ RECIPES = {
     **qwen_image.EDIT_RECIPES,
     "sd3_offline_dpo": sd3.sd3_offline_dpo,
     **flux.RECIPES,
+    **wan.RECIPES,
     **choice.RECIPES,
     "qwen3_omni_grpo": qwen3_omni.qwen3_omni_grpo,
     "qwen3_omni_dapo": qwen3_omni.qwen3_omni_dapo,
