@@ -210,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
     be = sub.add_parser("bench", help="speed and memory benchmarks (results go to BENCHMARKS.md)")
     be.add_argument("name", choices=["staging", "recipe", "language", "decode"])
-    be.add_argument("--recipe", help="recipe: a Qwen-Image(-Edit) or FLUX recipe (default "
+    be.add_argument("--recipe", help="recipe: a Qwen-Image(-Edit), FLUX or Wan recipe (default "
                     "qwen_image_ocr_flowgrpo_lora); language: a qwen3/qwen3_omni recipe of dpo, grpo, dapo or gspo "
                     "(default qwen3_omni_dpo)")  # fmt: skip
     be.add_argument("--prompts", type=int, help="recipe, language: prompts (DPO: pairs) per GPU per step "
@@ -254,7 +254,8 @@ def parser() -> argparse.ArgumentParser:
     for name in ("gold-steps", "recognizer-steps", "clean-steps", "noisy-steps", "eval-every", "fool-rounds",
                  "fool-steps", "refresh-steps", "edit-steps"):  # fmt: skip
         pr.add_argument(f"--{name}", type=int)
-    for name in ("label-noise", "edit-copy", "edit-lr"):
+    pr.add_argument("--video-steps", type=int)
+    for name in ("label-noise", "edit-copy", "edit-lr", "video-noise", "video-lr"):
         pr.add_argument(f"--{name}", type=float)
     pr.add_argument("--gold-init", help="stage gold: fine-tune this gold judge folder instead of training a new one")
     pr.add_argument(

@@ -2,11 +2,12 @@
 reference KL, so the frozen reference copy is split too) with engine.sequence_parallel=2 on two processes (torchrun,
 gloo on the CPU) train like one process without a split: the same metrics and the same trained weights.
 
-Run by pytest, this file builds the twin, trains in this process, launches itself under torchrun for the split run
-(the `__main__` part is each process's work: `main` on the same config) and compares the two runs' metrics.jsonl and
-final checkpoints. Both processes of the group hold the same prompts, so the split run has one data-parallel rank:
-were its samples counted once per process, reward/std and the advantages (group statistics) would differ; without
-the loss scale of the group size, actor/grad_norm would be half (Adam's steps alone would not show it).
+Run by pytest, this file builds the twin, launches itself under torchrun on one process, then on two for the split
+run (the `__main__` part is each process's work: `main` on the same config; both on the CPU, where a GPU is too),
+and compares the two runs' metrics.jsonl and final checkpoints. Both processes of the group hold the same prompts,
+so the split run has one data-parallel rank: were its samples counted once per process, reward/std and the
+advantages (group statistics) would differ; without the loss scale of the group size, actor/grad_norm would be
+half (Adam's steps alone would not show it).
 """
 
 import os
@@ -55,12 +56,16 @@ def weights(run_dir: Path, out: Path) -> dict[str, torch.Tensor]:
 
 def test_two_processes_split_train_like_one_process(tmp_path):
     wan = tiny.wan(tmp_path / "wan")
-    main(config(wan, tmp_path, 1))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__, str(wan),
-           str(tmp_path)]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }  # both runs on the CPU, also where a GPU is
+    for processes in (1, 2):  # one process without a split, then two processes split in two
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", __file__,
+               str(wan), str(tmp_path), str(processes)]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
     one, split = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("one", "split"))
     assert [r["step"] for r in split] == [r["step"] for r in one] == [0, 1, 2]
     # Rewards are JPEG sizes in kB of 8-bit frames: where a pixel of the split run rounds the other way, a frame may
@@ -107,4 +112,4 @@ def test_settings_that_cannot_split_fail_before_any_model_loads():
 
 
 if __name__ == "__main__":
-    main(config(Path(sys.argv[1]), Path(sys.argv[2]), 2))
+    main(config(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])))

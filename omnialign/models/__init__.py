@@ -1,17 +1,19 @@
-"""Model adapters by architecture: `LOADERS[arch](model_config)` returns a `DiffusionPolicy` (glyphs, qwen_image,
-qwen_image_edit, sd3, flux, flux_kontext, wan) or a `LanguagePolicy` (qwen3, qwen3_omni) on the CPU. `IMAGE_SIZES[arch]`
-is what an image architecture can draw: (the multiple its height and width must be, the largest side or None)."""
+"""Model adapters by architecture: `LOADERS[arch](model_config)` returns a `DiffusionPolicy` (glyphs, glyphs_video,
+qwen_image, qwen_image_edit, sd3, flux, flux_kontext, wan) or a `LanguagePolicy` (qwen3, qwen3_omni) on the CPU.
+`IMAGE_SIZES[arch]` is what an image architecture can draw: (the multiple its height and width must be, the largest
+side or None)."""
 
 from omnialign.config import ConfigError
 from omnialign.models import flux, qwen3, qwen3_omni, qwen_image, qwen_image_edit, sd3, wan
 from omnialign.worlds import glyphs
+from omnialign.worlds.glyphs import video as glyphs_video
 
-LOADERS = {"glyphs": glyphs.load, "qwen_image": qwen_image.load,
+LOADERS = {"glyphs": glyphs.load, "glyphs_video": glyphs_video.load, "qwen_image": qwen_image.load,
            "qwen_image_edit": qwen_image_edit.load, "sd3": sd3.load, "qwen3": qwen3.load,
            "qwen3_omni": qwen3_omni.load, "flux": flux.load, "flux_kontext": flux.load,
            "wan": wan.load}  # fmt: skip
 # pixels; VAE x patch for latents
-IMAGE_SIZES = {"glyphs": (2, 32), "qwen_image": (16, None), "qwen_image_edit": (16, None),
+IMAGE_SIZES = {"glyphs": (2, 32), "glyphs_video": (2, 32), "qwen_image": (16, None), "qwen_image_edit": (16, None),
                "sd3": (16, None), "flux": (16, None),
                "flux_kontext": (16, None), "wan": (16, None)}  # fmt: skip
 

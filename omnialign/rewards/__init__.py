@@ -54,6 +54,7 @@ from omnialign.rewards.video import per_frame, temporal_consistency, vlm_video
 from omnialign.rewards.vlm import vlm_judge
 from omnialign.worlds.glyphs import glyph_gold, glyph_ocr
 from omnialign.worlds.glyphs.edit import glyph_edit, glyph_edit_gold
+from omnialign.worlds.glyphs.video import glyph_video, glyph_video_gold
 
 __all__ = ["REWARDS", "RewardError", "RewardFn", "RewardWorker", "Rewards", "Scores", "lookup", "resolve", "score"]
 
@@ -62,6 +63,8 @@ REWARDS: dict[str, RewardFn] = {
     "glyph_gold": glyph_gold,
     "glyph_edit": glyph_edit,
     "glyph_edit_gold": glyph_edit_gold,
+    "glyph_video": glyph_video,
+    "glyph_video_gold": glyph_video_gold,
     "ocr": ocr,
     "ocr_vlm": ocr_vlm,
     "vlm_judge": vlm_judge,

@@ -10,6 +10,9 @@
 - `edit`: the edit task (redraw a source image's digit as the requested one, in the same place and size): its
   reward `glyph_edit` and gold judge `glyph_edit_gold`; the edit model ships in `assets/edit/`, its prompt sets
   are `EDIT_SETS` (`edits`, `edits_val`) and its recipes `glyphs_edit*`.
+- `video`: the video task (a 4-frame clip of the prompt's digit on every frame, drawn by a tiny real Wan
+  transformer, `model.arch=glyphs_video`): its reward `glyph_video` and gold judge `glyph_video_gold`, both per
+  frame; the video model ships in `assets/video/` and its recipes are `glyphs_video*`.
 """
 
 from omnialign.worlds.glyphs.data import EDIT_SETS, PROMPT_SETS

@@ -23,6 +23,8 @@ ASSETS = Path(__file__).resolve().parent / "assets"  # the shipped models of the
 CHARSET = "0123456789"
 SIZE = 32
 
+FRAMES = 4  # frames of a glyphs video
+
 PROMPT_SETS = {
     "digits": list(CHARSET),
     "pairs": [a + b for a in CHARSET for b in CHARSET],

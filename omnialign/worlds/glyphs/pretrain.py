@@ -29,6 +29,9 @@ first three stages would take about 5 hours; the shipped gold judge was then fin
    judged not to be digits (`rl_negatives`, shipped as `gold/rl_negatives.pt`), fine-tune both models
    as negatives.
 
+6. Stage `edit` makes the edit model (`assets/edit/`) and stage `video` the video model (`assets/video/`, a tiny
+   `WanTransformer3DModel` from scratch; `train_video`), each on the GPU in about a minute or four.
+
 Everything is seeded. The report (`pretrain.json`) holds each model's measured quality and the time
 of each phase. No recipe ever trains or selects against the gold judge.
 """
@@ -55,6 +58,7 @@ from omnialign.worlds.glyphs.data import (
     ASSETS,
     CHARSET,
     EDIT_SETS,
+    FRAMES,
     NEGATIVE_KINDS,
     PROMPT_SETS,
     SIZE,
@@ -64,12 +68,14 @@ from omnialign.worlds.glyphs.data import (
     edit_bank,
     negatives,
     render,
+    variants,
 )
 from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
 from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, edit_transformer, load, tiny_transformer
 from omnialign.worlds.glyphs.recognizer import Recognizer
+from omnialign.worlds.glyphs.video import GlyphsVideoPolicy, glyph_video, glyph_video_gold, video_transformer
 
-STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives", "edit")
+STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives", "edit", "video")
 
 
 @dataclass
@@ -135,6 +141,15 @@ class PretrainConfig:
     the shipped edit model keeps the place and size but makes the asked-for edit only part of the time."""
     edit_lr: float = 5e-4
     """Stage edit: peak learning rate (one cycle); the text encoder stays frozen."""
+    video_steps: int = 4000
+    """Stage video: steps of the glyphs video model, from scratch with its own text encoder."""
+    video_batch: int = 128
+    """Stage video: clips per step."""
+    video_noise: float = 0.5
+    """Stage video: share of training frames that show a random other digit than the count's: the shipped video
+    model draws the asked-for digit on only part of its frames."""
+    video_lr: float = 1e-3
+    """Stage video: peak learning rate (one cycle)."""
 
 
 def stored_images(path: str | Path) -> torch.Tensor:
@@ -456,6 +471,70 @@ def train_edit(config: PretrainConfig, base: GlyphsPolicy, out: Path, device: to
     return ema, history
 
 
+@torch.no_grad()
+def evaluate_video(policy: GlyphsVideoPolicy, out: Path, device: torch.device, seeds: int = 8) -> dict[str, float]:
+    """ODE samples of the 10 digits x `seeds`: the reward's mean, the gold judge's per-frame accuracy, its share of
+    frames that are no digit and of clips read right on every frame."""
+    prompts = [p for p in PROMPT_SETS["digits"] for _ in range(seeds)]
+    generators = [torch.Generator().manual_seed(1000 + i % seeds) for i in range(len(prompts))]
+    x = sample(policy.velocity, generators, policy.latent_shape(SIZE, SIZE), policy.schedule(10, SIZE, SIZE),
+               policy.encode_prompts(prompts), device=device).final  # fmt: skip
+    videos, meta = policy.decode(x), [{} for _ in prompts]
+    gold = glyph_video_gold(videos, prompts, meta, str(out / "gold"))
+    return {"reward": sum(glyph_video(videos, prompts, meta, str(out / "recognizer"))) / len(prompts),
+            "gold_accuracy": sum(gold) / len(prompts),
+            **{k: sum(i[k] for i in gold.info) / len(prompts) for k in ("not_a_digit", "clip")}}  # fmt: skip
+
+
+def train_video(config: PretrainConfig, out: Path, device: torch.device) -> tuple[GlyphsVideoPolicy, list[dict]]:
+    """The glyphs video model (`video.video_transformer`, its own `CharEncoder`): rectified flow on clips of
+    `FRAMES` frames of the prompt's digit, each clip in one of the renderer's styles shared by its frames
+    (`data.variants`), each frame showing a random other digit with probability `video_noise`; logit-normal t,
+    10% empty prompts, one-cycle learning rate, an EMA of the weights (decay 0.995)."""
+    torch.manual_seed(config.seed + 6)
+    policy = GlyphsVideoPolicy(video_transformer().to(device), CharEncoder().to(device))
+    ema = GlyphsVideoPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
+    modules = (policy.transformer, policy.text_encoder)
+    params = [p for m in modules for p in m.parameters()]
+    ema_params = [p for m in (ema.transformer, ema.text_encoder) for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=config.video_lr, weight_decay=0.0)
+    sched = _one_cycle(opt, config.video_lr, config.video_steps)
+    frames = torch.stack([variants(c) for c in CHARSET]).to(device)  # (digit, style, 1, SIZE, SIZE)
+    g = torch.Generator().manual_seed(config.seed + 7)
+    history, batch = [], config.video_batch
+    bar = tqdm(range(1, config.video_steps + 1), desc="video model", dynamic_ncols=True, mininterval=5)
+    for step in bar:
+        start = torch.randint(0, len(CHARSET), (batch,), generator=g)
+        style = torch.randint(0, frames.shape[1], (batch, 1), generator=g)
+        digits = start[:, None].expand(-1, FRAMES)
+        other = (digits + torch.randint(1, len(CHARSET), digits.shape, generator=g)) % len(CHARSET)
+        shown = torch.where(torch.rand(digits.shape, generator=g) < config.video_noise, other, digits)
+        x0 = frames[shown.to(device), style.to(device)].transpose(1, 2)  # (B, 1, FRAMES, SIZE, SIZE)
+        keep = (torch.rand(batch, generator=g) > 0.1).tolist()
+        texts = [CHARSET[i] if k else "" for i, k in zip(start.tolist(), keep)]
+        noise = torch.randn(x0.shape, generator=g).to(device)
+        sigma = torch.sigmoid(torch.randn(batch, generator=g)).to(device)  # logit-normal
+        hidden, _ = policy.text_encoder(policy.text_encoder.tokenize(texts))
+        v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden})
+        loss = F.mse_loss(v, sde.velocity_target(x0, noise))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(ema_params, params, 1 - 0.995)
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+        if step % config.eval_every == 0 or step == config.video_steps:
+            quality = evaluate_video(ema, out, device)
+            history.append({"step": step, "loss": loss.item(), **quality})
+            bar.write(
+                f"video step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
+            )
+    return ema, history
+
+
 def fooling_runs(config: PretrainConfig, round_dir: Path) -> None:
     """Train every fooling recipe for `fool_steps` against the recognizer in `out`, in parallel processes."""
     out = Path(config.out).resolve()
@@ -578,6 +657,10 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
                                                          base.text_encoder.to(device)), out, device)  # fmt: skip
         save_policy(edit, out / "edit")
         lap(f"edit ({device.type})")
+    if "video" in config.stages:
+        video, report["video"] = train_video(config, out, device)
+        save_policy(video, out / "video")
+        lap(f"video ({device.type})")
     report["seconds"]["total"] = round(sum(v for k, v in report["seconds"].items() if k != "total"), 1)
     (out / "pretrain.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {out}; seconds per stage: {report['seconds']}")

@@ -6,6 +6,7 @@ same shipped base model, prompts, reward and validation, so their curves compare
 
 from omnialign.config import Config
 from omnialign.worlds.glyphs.data import ASSETS
+from omnialign.worlds.glyphs.video import VIDEO
 
 TEACHER = ASSETS / "teacher"
 
@@ -162,6 +163,51 @@ def glyphs_edit_online_dpo() -> Config:
     return _edit(glyphs_online_dpo(), "glyphs_edit_online_dpo")
 
 
+def _video(base: Config, name: str) -> Config:
+    """A recipe of the glyphs video task: the same algorithm settings on the video model and its reward."""
+    base.name = base.recipe = name
+    base.model.arch, base.model.path = "glyphs_video", str(VIDEO)
+    base.data.val_seeds = 8  # 10 digits x 8 seeds, 320 frames
+    base.reward.weights = {"glyph_video": 1.0}
+    base.reward.gold = "glyph_video_gold"  # reported at validation only: the share of frames read right
+    return base
+
+
+def glyphs_video() -> Config:
+    """FlowGRPO on the glyphs video task: a 4-frame clip shows the asked-for digit on every frame."""
+    return _video(glyphs(), "glyphs_video")
+
+
+def glyphs_video_cps() -> Config:
+    """The video task with FlowGRPO's coefficients-preserving transitions."""
+    return _video(glyphs_cps(), "glyphs_video_cps")
+
+
+def glyphs_video_mixgrpo() -> Config:
+    """The video task with MixGRPO's shared sliding window."""
+    return _video(glyphs_mixgrpo(), "glyphs_video_mixgrpo")
+
+
+def glyphs_video_grpo_guard() -> Config:
+    """The video task with GRPO-Guard."""
+    return _video(glyphs_grpo_guard(), "glyphs_video_grpo_guard")
+
+
+def glyphs_video_dppo() -> Config:
+    """The video task with Flow-DPPO."""
+    return _video(glyphs_dppo(), "glyphs_video_dppo")
+
+
+def glyphs_video_nft() -> Config:
+    """The video task with DiffusionNFT."""
+    return _video(glyphs_nft(), "glyphs_video_nft")
+
+
+def glyphs_video_online_dpo() -> Config:
+    """The video task with online Diffusion-DPO."""
+    return _video(glyphs_online_dpo(), "glyphs_video_online_dpo")
+
+
 def debug() -> Config:
     """Tiny and fast, for tests: 2 prompts x 4 samples, 4 denoising steps, window 2."""
     c = glyphs()
@@ -185,4 +231,6 @@ def debug() -> Config:
 RECIPES = {f.__name__: f for f in (glyphs, glyphs_flowgrpo, glyphs_cps, glyphs_dance, glyphs_mixgrpo, glyphs_grpo_guard,
                                    glyphs_dppo, glyphs_nft, glyphs_online_dpo, glyphs_distill, glyphs_edit,
                                    glyphs_edit_cps, glyphs_edit_mixgrpo, glyphs_edit_grpo_guard, glyphs_edit_dppo,
-                                   glyphs_edit_nft, glyphs_edit_online_dpo, debug)}  # fmt: skip
+                                   glyphs_edit_nft, glyphs_edit_online_dpo, glyphs_video, glyphs_video_cps,
+                                   glyphs_video_mixgrpo, glyphs_video_grpo_guard, glyphs_video_dppo, glyphs_video_nft,
+                                   glyphs_video_online_dpo, debug)}  # fmt: skip

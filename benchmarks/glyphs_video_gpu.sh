@@ -1,0 +1,21 @@
+#!/bin/bash
+# The glyphs video world on a GPU machine: pretrain the video model into the shipped assets (stage video, GPU 0),
+# then run the slow learning checks of every glyphs_video recipe on it, in parallel (GPU 0):
+#   benchmarks/glyphs_video_gpu.sh OUT [VIDEO_STEPS]
+# writes OUT/pretrain_log.txt, OUT/video/ and OUT/pretrain.json (the new assets), OUT/learning.txt and OUT/runs/
+# (each run's metrics.jsonl, summary.json and grids).
+out=$1; steps=${2:-4000}
+mkdir -p $out
+assets=omnialign/worlds/glyphs/assets
+CUDA_VISIBLE_DEVICES=0 ${PYTHON:-python} -m omnialign prepare glyphs --out $assets --stages video \
+  --video-steps $steps --eval-every 500 --device cuda > $out/pretrain_log.txt 2>&1 || { tail -30 $out/pretrain_log.txt; exit 1; }
+grep "video step" $out/pretrain_log.txt
+tar -C $assets -cf $out/video_assets.tar video pretrain.json
+CUDA_VISIBLE_DEVICES=0 ${PYTHON:-python} -m pytest --runslow -q -p no:cacheprovider tests/test_learning.py -k video \
+  -n 7 --basetemp=/tmp/video_runs > $out/learning.txt 2>&1
+grep -E "passed|failed|AssertionError|^FAILED" $out/learning.txt | tail -12
+mkdir -p $out/runs
+for s in $(find /tmp/video_runs -name summary.json); do
+  d=$(dirname $s); r=$out/runs/$(basename $d); mkdir -p $r
+  cp $d/metrics.jsonl $d/summary.json $d/samples/*.png $r/
+done
