@@ -320,6 +320,25 @@ def evaluate_generator(policy: GlyphsPolicy, recognizer: Recognizer, gold: GoldJ
             "not_a_digit": (reads == NOT_A_DIGIT).float().mean().item()}  # fmt: skip
 
 
+def generator_step(
+    loss: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler | None,
+    params: list[torch.Tensor],
+    ema_params: list[torch.Tensor],
+    decay: float,
+) -> None:
+    """One optimizer step of a generator on `loss` (gradient norm clipped to 1), then its EMA weights at `decay`."""
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    if sched is not None:
+        sched.step()
+    with torch.no_grad():
+        torch._foreach_lerp_(ema_params, params, 1 - decay)
+
+
 def train_flow(
     config: PretrainConfig,
     policy: GlyphsPolicy,
@@ -362,14 +381,7 @@ def train_flow(
         hidden, pooled = policy.text_encoder(policy.text_encoder.tokenize(texts))
         v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden, "pooled": pooled})
         loss = F.mse_loss(v, sde.velocity_target(x0, noise))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if sched is not None:
-            sched.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(ema_params, params, 1 - ema_decay)
+        generator_step(loss, opt, sched, params, ema_params, ema_decay)
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if step % config.eval_every == 0 or step == steps:
@@ -451,13 +463,7 @@ def train_edit(config: PretrainConfig, base: GlyphsPolicy, out: Path, device: to
         hidden, pooled = policy.text_encoder(policy.text_encoder.tokenize(texts))
         cond = {"hidden": hidden, "pooled": pooled, "source": shown}
         loss = F.mse_loss(policy.velocity(sde.add_noise(x0, noise, sigma), sigma, cond), sde.velocity_target(x0, noise))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(ema_params, params, 1 - 0.995)
+        generator_step(loss, opt, sched, params, ema_params, 0.995)
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if step % config.eval_every == 0 or step == config.edit_steps:
@@ -517,13 +523,7 @@ def train_video(config: PretrainConfig, out: Path, device: torch.device) -> tupl
         hidden, _ = policy.text_encoder(policy.text_encoder.tokenize(texts))
         v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden})
         loss = F.mse_loss(v, sde.velocity_target(x0, noise))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(ema_params, params, 1 - 0.995)
+        generator_step(loss, opt, sched, params, ema_params, 0.995)
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if step % config.eval_every == 0 or step == config.video_steps:
