@@ -172,6 +172,19 @@ OCR_PROMPTS = [f'A storefront sign that says "{w}"' for w in
                 "PHARMACY", "GARAGE", "MUSEUM", "LIBRARY", "STATION")]  # fmt: skip
 
 
+@contextmanager
+def built_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Modules made inside are created on `device` in `dtype` (random full-size weights without a host copy); the
+    default dtype is restored after."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
 def transformer_flops(layers: int, dim: int, image_tokens: int, text_tokens: int) -> float:
     """MM-DiT forward FLOPs of one sample: dense layers per stream (24 L d^2 per token) + joint attention."""
     tokens = image_tokens + text_tokens
@@ -193,15 +206,10 @@ def full_qwen_image(
                 num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6,
                 rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default"})  # fmt: skip
     vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            transformer = QwenImageTransformer2DModel(**QWEN_IMAGE)
-            encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
-            vae = AutoencoderKLQwenImage()
-    finally:
-        torch.set_default_dtype(default)
+    with built_on(device, torch.bfloat16):
+        transformer = QwenImageTransformer2DModel(**QWEN_IMAGE)
+        encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+        vae = AutoencoderKLQwenImage()
     vae, encoder = vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval()
     scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
     if edit:
@@ -232,18 +240,13 @@ def full_flux(device: torch.device, text_tokens: int, model: ModelConfig) -> Flu
                           pad_token_id=clip_tok.pad_token_id)  # fmt: skip
     t5 = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
                   feed_forward_proj="gated-gelu", decoder_start_token_id=0)  # fmt: skip
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            transformer = FluxTransformer2DModel(**FLUX)
-            encoders = (CLIPTextModel(clip), T5EncoderModel(t5))
-            vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                                block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=16,
-                                sample_size=1024, use_quant_conv=False, use_post_quant_conv=False,
-                                scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
-    finally:
-        torch.set_default_dtype(default)
+    with built_on(device, torch.bfloat16):
+        transformer = FluxTransformer2DModel(**FLUX)
+        encoders = (CLIPTextModel(clip), T5EncoderModel(t5))
+        vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                            block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=16,
+                            sample_size=1024, use_quant_conv=False, use_post_quant_conv=False,
+                            scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
     return FluxPolicy(transformer, vae.requires_grad_(False).eval(), tuple(e.requires_grad_(False).eval() for e in
                       encoders), (clip_tok, t5_tok), FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER),
                       guidance=GUIDANCE[model.arch] if model.embedded_guidance is None else model.embedded_guidance,
@@ -281,16 +284,11 @@ def full_wan(device: torch.device, model: ModelConfig) -> WanPolicy:
         raise ValueError(f"model.path={model.path!r}: the full-size Wan benchmark builds a folder named one of "
                          f"{sorted(WAN)}; set model.path=models/NAME")  # fmt: skip
     boundary = WAN_BOUNDARY.get(name)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            transformer = WanTransformer3DModel(**WAN[name])
-            second = None if boundary is None else WanTransformer3DModel(**WAN[name])
-            encoder = UMT5EncoderModel(UMT5Config(**UMT5_XXL))
-            vae = AutoencoderKLWan()
-    finally:
-        torch.set_default_dtype(default)
+    with built_on(device, torch.bfloat16):
+        transformer = WanTransformer3DModel(**WAN[name])
+        second = None if boundary is None else WanTransformer3DModel(**WAN[name])
+        encoder = UMT5EncoderModel(UMT5Config(**UMT5_XXL))
+        vae = AutoencoderKLWan()
     return WanPolicy(transformer, vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval(),
                      t5_tokenizer(), shift=model.shift or 3.0, frames=model.frames,
                      transformer_2=None if second is None else second.requires_grad_(False).eval(),
@@ -526,21 +524,16 @@ def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dty
     tokenizer = byte_tokenizer()
     special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            if arch == "qwen3_omni":
-                text = {**(TINY_OMNI_TEXT if size == "tiny" else QWEN3_OMNI_TEXT), **special}
-                config = Qwen3OmniMoeThinkerConfig(**thinker_config(text, tokenizer))  # shrunk towers
-                net = Qwen3OmniMoeThinkerForConditionalGeneration(config)
-            elif arch == "qwen3":
-                sizes = qwen3_sizes() if size == "tiny" else {**QWEN3_COMMON, **QWEN3_SIZES[size]}
-                net = Qwen3ForCausalLM(Qwen3Config(**sizes, **special))
-            else:
-                raise ValueError(f"model.arch={arch!r}: the language benchmark builds qwen3 or qwen3_omni")
-    finally:
-        torch.set_default_dtype(default)
+    with built_on(device, dtype):
+        if arch == "qwen3_omni":
+            text = {**(TINY_OMNI_TEXT if size == "tiny" else QWEN3_OMNI_TEXT), **special}
+            config = Qwen3OmniMoeThinkerConfig(**thinker_config(text, tokenizer))  # shrunk towers
+            net = Qwen3OmniMoeThinkerForConditionalGeneration(config)
+        elif arch == "qwen3":
+            sizes = qwen3_sizes() if size == "tiny" else {**QWEN3_COMMON, **QWEN3_SIZES[size]}
+            net = Qwen3ForCausalLM(Qwen3Config(**sizes, **special))
+        else:
+            raise ValueError(f"model.arch={arch!r}: the language benchmark builds qwen3 or qwen3_omni")
     net.generation_config.eos_token_id = special["eos_token_id"]
     net.generation_config.pad_token_id = special["pad_token_id"]
     if arch == "qwen3_omni":
