@@ -24,28 +24,33 @@ import torch
 from omnialign.rewards.base import Outputs, Scores, images_of, to_png
 from omnialign.rewards.client import RewardServerError, post_json
 
-JUDGE_PROMPT = """You are presented with a generated image and the text caption it was generated from. \
-Rate the image on three dimensions, each an integer from 1 (poor) to 5 (excellent):
-Alignment: how well the image shows everything the caption describes.
-Coherence: how logically and visually consistent the image is (no distortions, glitches or artifacts).
-Style: how aesthetically appealing the image is, regardless of the caption.
-Text caption: {prompt}
+ANSWER_FORMAT = """Text caption: {prompt}
 Explain briefly, then end your reply with exactly these three lines:
 Alignment Score: X
 Coherence Score: Y
 Style Score: Z"""
+"""The end of both judge prompts: the caption and the three score lines that `judge_score` parses."""
 
-VIDEO_JUDGE_PROMPT = """You are presented with {frames} frames of one generated video, in order, and the text \
+JUDGE_PROMPT = (
+    """You are presented with a generated image and the text caption it was generated from. \
+Rate the image on three dimensions, each an integer from 1 (poor) to 5 (excellent):
+Alignment: how well the image shows everything the caption describes.
+Coherence: how logically and visually consistent the image is (no distortions, glitches or artifacts).
+Style: how aesthetically appealing the image is, regardless of the caption.
+"""
+    + ANSWER_FORMAT
+)
+
+VIDEO_JUDGE_PROMPT = (
+    """You are presented with {frames} frames of one generated video, in order, and the text \
 caption it was generated from. Rate the video on three dimensions, each an integer from 1 (poor) to 5 (excellent):
 Alignment: how well the video shows everything the caption describes, including any change over time.
 Coherence: how logically and visually consistent the video is, within and across frames (no distortions, \
 glitches, artifacts or flicker).
 Style: how aesthetically appealing the video is, regardless of the caption.
-Text caption: {prompt}
-Explain briefly, then end your reply with exactly these three lines:
-Alignment Score: X
-Coherence Score: Y
-Style Score: Z"""
+"""
+    + ANSWER_FORMAT
+)
 
 DIMENSIONS = ("alignment", "coherence", "style")
 _SCALE = re.compile(r"[(<\[]?\s*(?:1\s*(?:-|–|to)\s*5|out\s+of\s+5(?:\.0)?)\s*[)>\]]?", re.I)
