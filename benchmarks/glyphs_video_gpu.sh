@@ -2,9 +2,9 @@
 # The glyphs video world on a GPU machine: pretrain the video model into the shipped assets (stage video, GPU 0),
 # then run the slow learning checks of every glyphs_video recipe on it, in parallel (GPU 0):
 #   benchmarks/glyphs_video_gpu.sh OUT [VIDEO_STEPS]
-# writes OUT/pretrain_log.txt, OUT/video/ and OUT/pretrain.json (the new assets), OUT/learning.txt and OUT/runs/
-# (each run's metrics.jsonl, summary.json and grids).
-out=$1; steps=${2:-4000}
+# writes OUT/pretrain_log.txt, OUT/video_assets.tar (assets/video and pretrain.json), OUT/learning.txt and
+# OUT/runs.tar (each run's metrics.jsonl, summary.json and grids).
+out=$(realpath -m $1); steps=${2:-4000}
 mkdir -p $out
 assets=omnialign/worlds/glyphs/assets
 CUDA_VISIBLE_DEVICES=0 ${PYTHON:-python} -m omnialign prepare glyphs --out $assets --stages video \
@@ -14,8 +14,6 @@ tar -C $assets -cf $out/video_assets.tar video pretrain.json
 CUDA_VISIBLE_DEVICES=0 ${PYTHON:-python} -m pytest --runslow -q -p no:cacheprovider tests/test_learning.py -k video \
   -n 7 --basetemp=/tmp/video_runs > $out/learning.txt 2>&1
 grep -E "passed|failed|AssertionError|^FAILED" $out/learning.txt | tail -12
-mkdir -p $out/runs
-for s in $(find /tmp/video_runs -name summary.json); do
-  d=$(dirname $s); r=$out/runs/$(basename $d); mkdir -p $r
-  cp $d/metrics.jsonl $d/summary.json $d/samples/*.png $r/
-done
+# one flat tar (the device returns no deep folders): each run's metrics.jsonl, summary.json and grids
+cd /tmp/video_runs && find . \( -name metrics.jsonl -o -name summary.json -o -name "step_*.png" \) -print0 \
+  | tar --null -T - -cf $out/runs.tar
