@@ -58,6 +58,8 @@ mini-batch that does not divide the per-GPU batch becomes the whole batch.
   `--max-new-tokens`), reward, advantage, [reference] and update. Per step: samples per GPU per
   second, generated tokens per second of rollout, seconds per phase, peak allocated memory.
 Every step is reported, the first with its warm-up. `--tiny` runs the same code on tiny configs on the CPU.
+`recipe --deterministic both` runs the steps again under trainer.deterministic's kernels on the same model: its
+cost side by side (`--set trainer.deterministic=true` runs every step with them).
 
 `decode`: sampling from a Qwen3 of `--model-size` (random weights, bf16) by each decoder in turn, side by side:
 transformers' `generate` with its dynamic and its static cache (the log-prob recorder of the rollout on), and
@@ -370,32 +372,44 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
     else:
         policy = full_qwen_image(world.device, config.model.text_tokens, arch == "qwen_image_edit",
                                  config.model.source_resize)  # fmt: skip
-    policy, contexts = build_policy(config, world, policy)
-    params = [p for p in policy.transformer.parameters() if p.requires_grad]
-    optimizer, scheduler = optim.build(params, config.actor)
-    algorithm = ALGORITHMS[config.algorithm.name](policy, config, contexts.get("reference"), contexts.get("teacher"),
-                                                  contexts.get("old"))  # fmt: skip
-    with rewards.RewardWorker(config.reward) as worker:
+    with dist.deterministic(config.trainer.deterministic), rewards.RewardWorker(config.reward) as worker:
+        policy, contexts = build_policy(config, world, policy)
+        params = [p for p in policy.transformer.parameters() if p.requires_grad]
+        optimizer, scheduler = optim.build(params, config.actor)
+        algorithm = ALGORITHMS[config.algorithm.name](policy, config, contexts.get("reference"),
+                                                      contexts.get("teacher"), contexts.get("old"))  # fmt: skip
         yield OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, work / "run", worker,
                             sync=dist.synchronizer(world.device))  # fmt: skip
 
 
 def bench_recipe(
-    recipe: str, prompts: int, steps: int, tiny: bool, peak_tflops: float, work: Path, extra: list[str] = ()
+    recipe: str,
+    prompts: int,
+    steps: int,
+    tiny: bool,
+    peak_tflops: float,
+    work: Path,
+    extra: list[str] = (),
+    deterministic: tuple[bool, ...] = (False,),
 ) -> list[dict]:
-    """Full training steps of a recipe with `prompts` prompts per GPU; see the module docstring."""
+    """Full training steps of a recipe with `prompts` prompts per GPU; see the module docstring. With
+    `deterministic` (False, True) the same trainer runs its steps without, then with trainer.deterministic's kernels
+    (side by side on one model); the row says which."""
     rows = []
     with recipe_trainer(recipe, prompts, tiny, work, extra) as trainer:
-        for step in range(1, steps + 1):
-            if trainer.world.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            metrics = trainer.train_step(step)
-            phases = trainer.timer.pop()
-            rows.append(recipe_row(trainer.config, step, phases, peak_tflops, trainer.policy, trainer.world))
-            for name in ("actor/clip_frac", "actor/rollout_logprob_gap"):  # exactness of the rollout's log-probs
-                if name in metrics:
-                    rows[-1][name.removeprefix("actor/")] = float(metrics[name])
-            print(json.dumps(rows[-1]), flush=True)
+        for mode in deterministic:
+            with dist.deterministic(mode):
+                for step in range(1, steps + 1):
+                    if trainer.world.device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    metrics = trainer.train_step(step)
+                    phases = trainer.timer.pop()
+                    row = recipe_row(trainer.config, step, phases, peak_tflops, trainer.policy, trainer.world)
+                    rows.append({**row, "deterministic": mode or trainer.config.trainer.deterministic})
+                    for name in ("actor/clip_frac", "actor/rollout_logprob_gap"):  # exactness of rollout log-probs
+                        if name in metrics:
+                            rows[-1][name.removeprefix("actor/")] = float(metrics[name])
+                    print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -584,7 +598,7 @@ def language_trainer(
     head that describes it; see the module docstring."""
     import dataclasses
 
-    from omnialign.config import apply_overrides, validate
+    from omnialign.config import apply_overrides, recomputes_old_log_probs, validate
     from omnialign.data.language import write_records
     from omnialign.engine import optim
     from omnialign.recipes import RECIPES
@@ -631,7 +645,8 @@ def language_trainer(
         trainer = offline.language_dpo(config, policy, params, optimizer, scheduler, objective, reference, world,
                                        run_dir)  # fmt: skip
     else:
-        objective = policy_objective(policy, config.algorithm, config.generation.temperature)
+        objective = policy_objective(policy, config.algorithm, config.generation.temperature,
+                                     recomputes_old_log_probs(config))  # fmt: skip
         trainer = language.LanguageTrainer(config, policy, params, optimizer, scheduler, objective, world, run_dir,
                                            reference)  # fmt: skip
     model = "qwen3-omni-30b-a3b-thinker" if arch == "qwen3_omni" else f"qwen3-{model_size}"
@@ -686,16 +701,53 @@ def bench_language(
     return rows
 
 
+GSPO_CLIP = 3e-4  # choice_gspo's lower clip range: a sequence whose mean log-ratio exceeds it is clipped at once
+
+
+def training_logprobs(policy, ids: torch.Tensor, out: torch.Tensor, keep: torch.Tensor,
+                      head_dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
+    """The training forward's log-probs (B, R) of responses `out` to prompts `ids` (no padding) through the kept
+    tokens, 16 sequences at a time; `head_dtype` bfloat16 runs the output head in the network's own dtype instead
+    (what the decoders recorded before their head was float32)."""
+    parts = []
+    with torch.no_grad():
+        for lo in range(0, len(ids), 16):
+            full = torch.cat([ids[lo : lo + 16], out[lo : lo + 16]], 1)
+            mask = torch.cat([torch.ones_like(ids[lo : lo + 16]), keep[lo : lo + 16].long()], 1)
+            if head_dtype == torch.float32:
+                parts.append(policy.token_logprobs(full, mask, None, ids.shape[1]))
+            else:
+                logits = policy.transformer(input_ids=full, attention_mask=mask, use_cache=False).logits
+                logp = logits[:, ids.shape[1] - 1 : -1].float().log_softmax(-1)
+                parts.append(logp.gather(-1, full[:, ids.shape[1] :, None]).squeeze(-1))
+    return torch.cat(parts)
+
+
+def logprob_gaps(reference: torch.Tensor, lp: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
+    """Recorded log-probs `lp` (B, R) against `reference` over the kept tokens: the mean and largest |difference| per
+    token, the largest |mean difference| of a sequence (GSPO's log-ratio at the first update) and the share of
+    sequences whose mean exceeds GSPO_CLIP."""
+    keep = keep.float()
+    diff = (reference - lp.float()) * keep
+    seq = diff.sum(-1) / keep.sum(-1)
+    return {"logprob_gap_mean": round(float(diff.abs().sum() / keep.sum()), 5),
+            "logprob_gap_max": round(float(diff.abs().max()), 4), "seq_gap_max": round(float(seq.abs().max()), 5),
+            "gspo_clipped": round(float((seq.abs() > GSPO_CLIP).float().mean()), 3)}  # fmt: skip
+
+
 def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_new_tokens: int,
-                 bandwidth: float) -> list[dict]:  # fmt: skip
+                 bandwidth: float, logit_scale: float = 1.0) -> list[dict]:  # fmt: skip
     """The decoders side by side on one Qwen3 of `model_size` with random weights (bf16; `--tiny`: the tiny
-    twin in float32 on the CPU): see the module docstring."""
+    twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic logits: random weights
+    give logits of about unit spread, a trained model's spread over tens): see the module docstring."""
     from omnialign.rollout import decode
 
     cuda = torch.cuda.is_available() and not tiny
     device = torch.device("cuda" if cuda else "cpu")
     policy = language_policy("qwen3", "tiny" if tiny else model_size, device, torch.float32 if tiny else torch.bfloat16)
     net = policy.transformer.eval()
+    with torch.no_grad():
+        net.model.norm.weight.mul_(logit_scale)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 256, (batch, prompt_len), generator=g).to(device)  # byte tokens, no special ones
     mask = torch.ones_like(ids)
@@ -736,23 +788,24 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
             torch.cuda.reset_peak_memory_stats()
         first, _, _ = timed(1)
         total, out, lp = timed(max_new_tokens)
-        with torch.no_grad():  # the rollout's log-probs against the training forward, 16 sequences at a time
-            gaps = []
-            for lo in range(0, batch, 16):
-                full = torch.cat([ids[lo : lo + 16], out[lo : lo + 16]], 1)
-                ref = policy.token_logprobs(full, torch.ones_like(full), None, prompt_len)
-                gaps.append((ref - lp[lo : lo + 16].float()).abs())
-            gap = torch.cat(gaps)
+        is_stop = torch.isin(out, torch.tensor(stop, device=out.device)).long()
+        keep = is_stop.cumsum(1) - is_stop == 0  # through each row's stop token
+        gaps = logprob_gaps(training_logprobs(policy, ids, out, keep), lp, keep)
         decode_tps = batch * (out.shape[1] - 1) / max(total - first, 1e-9)
         row = {"decoder": name, "model": f"qwen3-{'tiny' if tiny else model_size}", "batch": batch,
                "prompt_len": prompt_len, "new_tokens": out.shape[1], "seconds": round(total, 3),
                "prefill_and_first_s": round(first, 3), "tokens_per_s": round(batch * out.shape[1] / total, 1),
                "decode_tokens_per_s": round(decode_tps, 1), "bound_tokens_per_s": round(bound, 1),
-               "share_of_bound": round(decode_tps / bound, 3),
-               "logprob_gap_max": round(float(gap.max()), 4), "logprob_gap_mean": round(float(gap.mean()), 5),
+               "share_of_bound": round(decode_tps / bound, 3), **gaps,
                "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+    # what a bf16 output head alone adds: the training forward with its head in bf16, on the last decoder's tokens
+    bf16_head = training_logprobs(policy, ids, out, keep, torch.bfloat16)
+    rows.append({k: None for k in rows[-1]} | {"decoder": "training forward, bf16 head (reference)",
+                                               **logprob_gaps(training_logprobs(policy, ids, out, keep), bf16_head,
+                                                              keep)})  # fmt: skip
+    print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -768,14 +821,15 @@ def main(name: str, args) -> None:
         rows = bench_staging(args.windows, args.modes, args.tiny)
     elif name == "decode":
         rows = bench_decode(args.prompts or 128, args.tiny, args.model_size, args.prompt_len, args.max_new_tokens,
-                            args.bandwidth)  # fmt: skip
+                            args.bandwidth, args.logit_scale)  # fmt: skip
     elif name == "language":
         rows = bench_language(args.recipe or "qwen3_omni_dpo", args.prompts, args.steps, args.tiny,
                               Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len,
                               args.max_new_tokens)  # fmt: skip
     else:
         rows = bench_recipe(args.recipe or "qwen_image_ocr_flowgrpo_lora", args.prompts or 8, args.steps, args.tiny,
-                            args.peak, Path(args.work), args.set)  # fmt: skip
+                            args.peak, Path(args.work), args.set,
+                            {"off": (False,), "both": (False, True)}[args.deterministic])  # fmt: skip
     if not dist.init().is_main:
         return
     print_table(rows)

@@ -218,6 +218,9 @@ def parser() -> argparse.ArgumentParser:
                     "(128)")  # fmt: skip
     be.add_argument("--steps", type=int, default=1, help="recipe, language: measured training steps")
     be.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="recipe, language: config overrides")
+    be.add_argument("--deterministic", default="off", choices=["off", "both"], help="recipe: both runs the "
+                    "steps again under trainer.deterministic's kernels, on the same model (its cost side by "
+                    "side)")  # fmt: skip
     be.add_argument("--model-size", default="4b", choices=["0.6b", "1.7b", "4b", "8b", "14b"],
                     help="language (qwen3 recipes), decode: the Qwen3 size (released config, random "
                     "weights)")  # fmt: skip
@@ -231,6 +234,9 @@ def parser() -> argparse.ArgumentParser:
     )
     be.add_argument("--peak", type=float, default=786.0, help="recipe: bf16 matmul peak TFLOP/s for MFU")
     be.add_argument("--bandwidth", type=float, default=4.8, help="decode: memory bandwidth TB/s for the bound")
+    be.add_argument("--logit-scale", type=float, default=1.0, help="decode: scale the final norm's weight (random "
+                    "weights give logits of unit spread, trained models tens) to see the output head's "
+                    "rounding")  # fmt: skip
     be.add_argument("--work", default="runs/bench", help="recipe, language: scratch folder")
     be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
     be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"])

@@ -52,14 +52,18 @@ def test_full_size_configs_have_the_released_parameter_counts():
 
 
 def test_bench_decode_tiny_rows(tmp_path):
-    """`omnialign bench decode --tiny`: one row per decoder; omnialign's log-probs are the training forward's."""
+    """`omnialign bench decode --tiny`: one row per decoder, then the reference row of a bf16 head; every decoder's
+    log-probs are the training forward's (float32 here, where a bf16 head changes nothing either)."""
     out = tmp_path / "decode.json"
     cli(["bench", "decode", "--tiny", "--prompts", "4", "--prompt-len", "16", "--max-new-tokens", "6", "--out",
          str(out)])  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert [r["decoder"] for r in rows] == ["transformers generate, dynamic cache", "transformers generate, static "
                                             "cache", "omnialign static cache, eager step",
-                                            "omnialign static cache, CUDA graph"]  # fmt: skip
-    for row in rows:
+                                            "omnialign static cache, CUDA graph",
+                                            "training forward, bf16 head (reference)"]  # fmt: skip
+    for row in rows[:-1]:
         assert row["batch"] == 4 and 1 <= row["new_tokens"] <= 6 and row["tokens_per_s"] > 0
         assert row["bound_tokens_per_s"] > row["decode_tokens_per_s"] and row["logprob_gap_max"] < 1e-4, row
+        assert row["seq_gap_max"] < 1e-4 and row["gspo_clipped"] == 0, row
+    assert rows[-1]["logprob_gap_max"] < 1e-4 and rows[-1]["batch"] is None

@@ -4,8 +4,9 @@
 a response. `token_logprobs` runs the network once with its output head replaced by `head_logprobs`: float32, a
 chunk of positions at a time (recomputed in backward), so the (B, T, V) float32 logits never exist at
 once, and inside the forward, where a sharded network's head weights are gathered.
-`generate` wraps transformers' `generate` and records the sampling log-prob of every generated token
-from the raw logits (before top-k/top-p), divided by the temperature as training does.
+`generate` wraps transformers' `generate` with the same float32 head (at the last position, the only one it
+reads) and records the sampling log-prob of every generated token from those logits (before top-k/top-p), divided
+by the temperature as training does; 0 after a row's stop token.
 """
 
 from pathlib import Path
@@ -138,14 +139,20 @@ class CausalLMPolicy:
         self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, options: dict
     ) -> tuple[torch.Tensor, torch.Tensor]:
         recorder = _LogProbRecorder(options.get("temperature", 1.0))
-        out = self.transformer.generate(
-            input_ids=ids, attention_mask=mask, **self.media_inputs(media, ids.device), **options,
-            eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id, tokenizer=self.tokenizer,
-            logits_processor=LogitsProcessorList([recorder]), use_cache=True, repetition_penalty=1.0,
-            suppress_tokens=self.banned_token_ids or None,
-        )  # fmt: skip
+        head = self.transformer.get_output_embeddings()
+        head.forward = lambda hidden: hidden[:, -1:].float() @ head.weight.float().T  # inside the (sharded) forward
+        try:
+            out = self.transformer.generate(
+                input_ids=ids, attention_mask=mask, **self.media_inputs(media, ids.device), **options,
+                eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id, tokenizer=self.tokenizer,
+                logits_processor=LogitsProcessorList([recorder]), use_cache=True, repetition_penalty=1.0,
+                suppress_tokens=self.banned_token_ids or None,
+            )  # fmt: skip
+        finally:
+            del head.forward
         response = out[:, ids.shape[1] :]
-        return response, recorder.result(response)
+        is_stop = torch.isin(response, torch.tensor(self.stop_token_ids, device=response.device)).long()
+        return response, recorder.result(response).masked_fill(is_stop.cumsum(1) - is_stop > 0, 0.0)
 
 
 def load(config: ModelConfig) -> CausalLMPolicy:

@@ -7,9 +7,11 @@ one graph replay and a few sampling kernels. The layers run through the network'
 adapters apply; a network sharded with FSDP2 is unsharded for the whole generation and resharded after.
 
 Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
-default generator (seed it as the rollout does). The recorded log-prob of each sampled token is
-log softmax(logits / temperature), before top-k/top-p, as training computes it. A row that produced a stop
-token continues with padding; generation ends when every row has stopped or at `max_new_tokens`.
+default generator (seed it as the rollout does). The logits come from the output head in float32 (the hidden
+state times the head's weights upcast), as training computes them (`qwen3.head_logprobs`), and the recorded log-prob
+of each sampled token is log softmax(logits / temperature), before top-k/top-p: so the rollout's log-probs are the
+training forward's up to the model dtype's rounding in the layers. A row that produced a stop token continues with
+padding, whose recorded log-probs are 0; generation ends when every row has stopped or at `max_new_tokens`.
 """
 
 import torch
@@ -22,11 +24,12 @@ CHECK_EVERY = 8  # tokens between the (host-syncing) checks whether every row ha
 
 
 def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
-             keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+             keys: list[torch.Tensor], values: list[torch.Tensor], head: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """Float32 logits (B, V) of the last of T new tokens.
 
     ids, positions: (B, T) tokens and their rotary positions; slots: (T,) cache slots they are written to;
-    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D)."""
+    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D);
+    head: (V, H) the output head's weights in float32."""
     model = net.model
     x = model.embed_tokens(ids)
     rope = model.rotary_emb(x, positions)
@@ -48,7 +51,7 @@ def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: 
                                                enable_gqa=True).transpose(1, 2)  # fmt: skip
         x = x + attn.o_proj(o.reshape(batch, length, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return net.lm_head(model.norm(x[:, -1])).float()
+    return model.norm(x[:, -1]).float() @ head.T
 
 
 def filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -80,8 +83,8 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
              graph: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Responses (B, R <= max_new_tokens) to left-padded prompts ids/mask (B, P), padded after their stop token,
-    and the float32 log-probs (B, R) of the sampled tokens. `graph`: replay the decode step as a CUDA graph
-    (default: on a CUDA device)."""
+    and the float32 log-probs (B, R) of the sampled tokens (0 after the stop token). `graph`: replay the decode step
+    as a CUDA graph (default: on a CUDA device)."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
     units = [m for m in net.modules() if isinstance(m, FSDPModule)]
@@ -89,6 +92,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         unit.unshard()
     try:
         attn = net.model.layers[0].self_attn
+        head = net.lm_head.weight.float()  # one float32 copy for the whole generation
         length = width + max_new_tokens
         dtype = net.model.embed_tokens.weight.dtype
         shape = (batch, net.config.num_key_value_heads, length, attn.head_dim)
@@ -102,7 +106,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         visible = (causal & seen[:, None]) | torch.eye(width, length, dtype=torch.bool, device=device)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
         slots = torch.arange(width, device=device)
-        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values)
+        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values, head)
 
         # The decode step reads and writes only these buffers, so it can be captured once and replayed.
         token_in = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -111,7 +115,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
 
         def step() -> torch.Tensor:
             seen.index_fill_(1, slot, True)
-            return _forward(net, token_in, position, slot, seen[:, None, None], keys, values)
+            return _forward(net, token_in, position, slot, seen[:, None, None], keys, values, head)
 
         if graph:
             side = torch.cuda.Stream(device)
@@ -129,13 +133,12 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         tokens, logps = [], []
         for t in range(max_new_tokens):
             token, logp = sample(logits, temperature, top_k, top_p, greedy)
-            token = token.masked_fill(done, pad_id)
-            tokens.append(token)
-            logps.append(logp)
-            done |= torch.isin(token, stops)
+            tokens.append(token.masked_fill(done, pad_id))
+            logps.append(logp.masked_fill(done, 0.0))
+            done |= torch.isin(tokens[-1], stops)
             if t + 1 == max_new_tokens or ((t + 1) % CHECK_EVERY == 0 and bool(done.all())):
                 break
-            token_in.copy_(token[:, None])
+            token_in.copy_(tokens[-1][:, None])
             if graph:
                 captured.replay()
                 logits = graph_logits
