@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from omnialign.engine.dist import World
@@ -30,10 +31,20 @@ def compile_forward(block: nn.Module) -> None:
     block.forward = torch.compile(block.forward, dynamic=False)
 
 
-def attention_kernels(cudnn: bool) -> None:
-    """Allow or forbid cuDNN's kernel in PyTorch's scaled_dot_product_attention, process-wide
-    (`engine.cudnn_attention`); the other kernels (flash, memory-efficient, math) stay allowed."""
-    torch.backends.cuda.enable_cudnn_sdp(cudnn)
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def without_cudnn_attention(block: nn.Module) -> None:
+    """Keep cuDNN's kernel out of the block's scaled_dot_product_attention (`engine.cudnn_attention=false`): a context
+    around its forward (and so around its recomputation under activation checkpointing; the backward follows the
+    forward's kernel), nothing process-wide, so other models and later runs in the process are unaffected."""
+    forward = block.forward
+
+    def restricted(*args, **kwargs):
+        with sdpa_kernel(NO_CUDNN):
+            return forward(*args, **kwargs)
+
+    block.forward = restricted
 
 
 def shard(
@@ -45,13 +56,15 @@ def shard(
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
     compile: bool = False,
+    cudnn_attention: bool = True,
 ) -> nn.Module:
     """Shard `module` in place: each of `blocks` is one FSDP unit, the rest of `module` the root unit.
 
     Parameters keep their stored dtype (fp32 master weights for trained ones); compute runs in
     `param_dtype` and gradients are reduced in fp32. With `cpu_offload`, sharded parameters,
     gradients and optimizer states live in host memory; otherwise they move to the mesh's device.
-    With `compile`, each block's forward is compiled (regional compilation).
+    With `compile`, each block's forward is compiled (regional compilation). Without `cudnn_attention`, the blocks'
+    attention never runs cuDNN's kernel (`without_cudnn_attention`).
     """
     mixed = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype, reduce_dtype=torch.float32
@@ -60,6 +73,8 @@ def shard(
     for block in blocks:
         if compile:
             compile_forward(block)
+        if not cudnn_attention:
+            without_cudnn_attention(block)
         if activation_checkpointing:
             checkpoint_activations(block)
         fully_shard(block, mesh=device_mesh, mp_policy=mixed, offload_policy=offload,

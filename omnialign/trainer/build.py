@@ -29,7 +29,7 @@ def shard_frozen(frozen: nn.Module, like: nn.Module, blocks: list[nn.Module], co
     split_sequence(frozen, config, world)
     fsdp.shard(frozen, [frozen.get_submodule(names[id(b)]) for b in blocks], fsdp.mesh(world),
                getattr(torch, config.model.dtype), False, config.engine.cpu_offload,
-               compile=config.engine.compile)  # fmt: skip
+               compile=config.engine.compile, cudnn_attention=config.engine.cudnn_attention)  # fmt: skip
     return frozen
 
 
@@ -74,7 +74,6 @@ def build_policy(
         contexts["teacher"] = swapped_network(policy, shard_frozen(teacher.float(), net, blocks, config, world))
     e = config.engine
     split_sequence(net, config, world)
-    fsdp.attention_kernels(cudnn=e.cudnn_attention)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
-               e.cpu_offload, e.reshard_after_forward, e.compile)  # fmt: skip
+               e.cpu_offload, e.reshard_after_forward, e.compile, e.cudnn_attention)  # fmt: skip
     return policy.to(world.device), contexts
