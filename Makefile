@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-.PHONY: demo test test-slow test-gpu lint
+.PHONY: demo test test-slow test-gpu test-gpu-1 test-gpu-2 lint
 demo: $(VENV)/.installed
 	$(VENV)/bin/omnialign train --resume auto
 
@@ -27,10 +27,14 @@ test-slow: $(VENV)/.installed
 # The GPU tier (docs/testing.md), on a machine with a CUDA device and the packages already installed (no venv):
 # the CPU suite with its tiny models on the GPU (GPU_WORKERS pytest-xdist processes share the card), then every
 # released architecture at full size with random weights, one test at a time.
+# Each phase is a target of its own (test-gpu-1, test-gpu-2), for machines that limit a command's time.
 GPU_WORKERS ?= 8
-test-gpu:
+test-gpu: test-gpu-1 test-gpu-2
+test-gpu-1:
 	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA device'"
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not gpu" -n $(GPU_WORKERS)
+test-gpu-2:
+	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA device'"
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rP
 
 lint: $(VENV)/.installed

@@ -186,9 +186,13 @@ class AlgorithmConfig:
     """Normalise advantages by the whole batch's reward std (True) or each group's (False)."""
     norm_by_std: bool = True
     """Divide advantages by the std at all (False gives Dr.GRPO's A = r - mean)."""
-    old_log_probs: str = "rollout"
-    """Old policy log-probs: 'rollout' reuses the rollout's own (rollout correction, no recompute pass),
-    'recompute' replays before updating and logs the gap."""
+    old_log_probs: str = "auto"
+    """Old policy log-probs: 'rollout' reuses the rollout's own (no extra pass); 'recompute' replays the batch
+    through the training forward before the update and logs the gap to the rollout's; 'auto': the rollout's where
+    they are the training forward's (diffusion, whose sampler computes each transition's log-prob in float32 from
+    the network it trains; language models in float32), a recompute for language models in bfloat16, whose decoders
+    round differently from the training forward in the layers (0.01-0.02 nats a token at full size, far beyond
+    GSPO's sequence clip range: BENCHMARKS.md, "Rollout log-probs")."""
     dppo_tau: float = 1e-5
     """Flow-DPPO trust region: a term moving away from the old policy is dropped once its KL reaches this."""
     nft_beta: float = 0.1
@@ -264,7 +268,8 @@ class EngineConfig:
     """Compile each block's forward with torch.compile (regional: one graph per block and batch shape,
     reused by every block; the first steps pay the compile time)."""
     cudnn_attention: bool = True
-    """Let PyTorch's attention (SDPA) pick its cuDNN kernel on CUDA (a process-wide switch). The FLUX recipes turn
+    """Let PyTorch's attention (SDPA) pick its cuDNN kernel on CUDA in the trained network's blocks (and its frozen
+    copies'); false restricts those blocks alone, not the rest of the process (engine/fsdp.py). The FLUX recipes turn
     it off: at FLUX.1's shapes the cuDNN backward fails on an H200 with torch 2.11 (an illegal memory access;
     "mha_graph.execute(...).is_good()" under CUDA_LAUNCH_BLOCKING=1), while the flash kernel SDPA then picks
     trains (BENCHMARKS.md). Qwen-Image's masked attention is faster with cuDNN."""
@@ -299,6 +304,10 @@ class TrainerConfig:
     (docs/tracking.md); all but tensorboard are extras: pip install 'omnialign[wandb]'."""
     project: str = "omnialign"
     """The tracker project (wandb, trackio, swanlab) or experiment (mlflow) the run is filed under, as `name`."""
+    deterministic: bool = False
+    """Deterministic kernels for the whole run (engine/dist.py `deterministic`; docs/engine.md): the same config and
+    seed on the same device and software give the same metrics.jsonl (its timing/* entries aside), bit for bit. An op
+    with no deterministic kernel then stops the run naming itself (on CUDA: top-p sampling's cumsum)."""
 
 
 @dataclass
@@ -413,6 +422,13 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
     return config
 
 
+def recomputes_old_log_probs(config: Config) -> bool:
+    """Whether the old policy's log-probs come from a replay before the update (algorithm.old_log_probs)."""
+    a = config.algorithm
+    auto = a.name in LANGUAGE_ALGORITHMS and config.model.dtype == "bfloat16"
+    return a.old_log_probs == "recompute" or (a.old_log_probs == "auto" and auto)
+
+
 def training_batch(config: Config) -> tuple[int, int, str]:
     """(rows of one step's training batch across all devices, the multiple a micro-batch must be, their unit)."""
     d = config.data
@@ -472,8 +488,8 @@ def validate(config: Config) -> Config:
         (r.kind in ("sde", "cps", "dance"), f"rollout.kind={r.kind!r}: choose sde, cps or dance"),
         (config.algorithm.name in ALGORITHMS,
          f"algorithm.name={config.algorithm.name!r}: choose one of {', '.join(ALGORITHMS)}"),
-        (config.algorithm.old_log_probs in ("rollout", "recompute"),
-         f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose rollout or recompute"),
+        (config.algorithm.old_log_probs in ("auto", "rollout", "recompute"),
+         f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose auto, rollout or recompute"),
         (config.model.dtype in ("float32", "bfloat16"),
          f"model.dtype={config.model.dtype!r}: choose float32 or bfloat16"),
         (a.micro_batch_size >= multiple,

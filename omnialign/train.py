@@ -98,6 +98,12 @@ def main(config: Config, resume: str | None = None) -> dict:
             for moved in checkpoint.set_aside_after(resume_path):
                 print(f"{moved.name} is newer than {resume_path.name}: moved to {moved.parent / 'abandoned'}")
         prepare_run_dir(run_dir, config, fresh=resume_path is None)
+    with dist.deterministic(config.trainer.deterministic):
+        return fit(config, world, run_dir, resume_path)
+
+
+def fit(config: Config, world: dist.World, run_dir: Path, resume_path: Path | None) -> dict:
+    """Build the trainer of config.algorithm.name and train; returns the validation summary."""
     if config.algorithm.name in LANGUAGE_ALGORITHMS:
         return language.main(config, world, run_dir, resume_path)
     if config.algorithm.name == "diffusion_dpo":

@@ -190,9 +190,18 @@ LANGUAGE_RECIPES = [n for n in RECIPES if n.startswith(("choice", "qwen3_omni"))
 
 @pytest.mark.parametrize("name", LANGUAGE_RECIPES)
 def test_every_language_recipe_runs_two_steps(name, models, omni_data, tmp_path):
-    summary = main(recipe_config(name, models, omni_data, tmp_path))
+    """Each language recipe, 2 steps; the choice recipes with trainer.deterministic twice, giving the same
+    metrics.jsonl bit for bit (timings aside)."""
+    deterministic = ["trainer.deterministic=true"] if name.startswith("choice") else []
+    summary = main(recipe_config(name, models, omni_data, tmp_path, *deterministic))
     run = tmp_path / name
     records = read_metrics(run / "metrics.jsonl")
+    if deterministic:
+        main(recipe_config(name, models, omni_data, tmp_path / "again", *deterministic))
+        again = read_metrics(tmp_path / "again" / name / "metrics.jsonl")
+        assert [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records] == [
+            {k: v for k, v in r.items() if not k.startswith("timing/")} for r in again
+        ]
     assert [r["step"] for r in records] == [0, 1, 2] and summary["steps"] == 2
     assert all(math.isfinite(r["actor/loss"]) for r in records[1:])
     assert checkpoint.latest(run).name == "step_000002"

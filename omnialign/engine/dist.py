@@ -5,6 +5,8 @@ The only module (with its siblings in engine/) that names device types.
 
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +84,36 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@contextmanager
+def deterministic(enabled: bool) -> Iterator[None]:
+    """Deterministic kernels while the context lasts (`trainer.deterministic`), the previous settings restored after:
+    PyTorch's deterministic algorithms (an op that has none raises, naming itself; cuDNN's attention is then never
+    picked), cuDNN's deterministic convolutions without benchmarking, and the cuBLAS workspace that determinism needs
+    (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set). New tensors are not filled with NaN first (PyTorch's debugging aid
+    in this mode, an extra kernel per allocation): a read of memory nothing wrote would show as two runs that
+    differ. With the seeds of the run this makes the same config give the same numbers on the same device and
+    software (docs/engine.md)."""
+    if not enabled:
+        yield
+        return
+    fill = torch.utils.deterministic
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, fill.fill_uninitialized_memory,
+             os.environ.get("CUBLAS_WORKSPACE_CONFIG"))  # fmt: skip
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    fill.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+        fill.fill_uninitialized_memory = saved[4]
+        if saved[5] is None:
+            del os.environ["CUBLAS_WORKSPACE_CONFIG"]
 
 
 def rng_state() -> dict:

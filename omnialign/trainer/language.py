@@ -16,7 +16,7 @@ import torch
 
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
-from omnialign.config import Config, training_batch
+from omnialign.config import Config, recomputes_old_log_probs, training_batch
 from omnialign.data.language import cap_by_modality, load_records
 from omnialign.data.prompts import prompts_for_step
 from omnialign.engine import dist, fsdp, optim
@@ -96,11 +96,13 @@ class LanguageTrainer:
                                                      c.algorithm.global_std, c.algorithm.norm_by_std)  # fmt: skip
             batch.rewards, batch.advantages = reward, advantages[rank * len(reward) : (rank + 1) * len(reward)].cpu()
         metrics: dict[str, torch.Tensor] = {}
-        if c.algorithm.old_log_probs == "recompute":
+        if recomputes_old_log_probs(c):
             with phase("old_log_probs"):
                 batch.old_log_probs = self.infer(nullcontext, batch)
-                gap = (batch.old_log_probs - batch.log_probs).abs()
-                metrics["actor/rollout_logprob_gap"] = (gap * batch.response_mask).sum() / batch.response_mask.sum()
+                mask = batch.response_mask
+                diff = (batch.old_log_probs - batch.log_probs) * mask
+                metrics["actor/rollout_logprob_gap"] = diff.abs().sum() / mask.sum()  # per token
+                metrics["actor/rollout_seq_gap"] = (diff.sum(-1) / mask.sum(-1).clamp_min(1)).abs().mean()  # GSPO's
         if c.algorithm.kl_coef > 0:
             with phase("reference"):
                 batch.ref_log_probs = self.infer(self.reference, batch)
@@ -208,7 +210,8 @@ def main(config: Config, world: World, run_dir: Path, resume: Path | None) -> di
         trainer = offline.language_dpo(config, policy, params, optimizer, scheduler, objective, reference, world,
                                        run_dir)  # fmt: skip
         return trainer.fit(resume)
-    objective = policy_objective(policy, config.algorithm, config.generation.temperature)
+    objective = policy_objective(policy, config.algorithm, config.generation.temperature,
+                                 recomputes_old_log_probs(config))  # fmt: skip
     trainer = LanguageTrainer(
         config, policy, params, optimizer, scheduler, objective, world, run_dir, reference, teacher
     )

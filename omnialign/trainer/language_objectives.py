@@ -48,8 +48,11 @@ def logprob_objective(policy: LanguagePolicy, temperature: float = 1.0) -> Objec
     return Objective(fn, resident=SEQUENCE)
 
 
-def policy_objective(policy: LanguagePolicy, algorithm: AlgorithmConfig, temperature: float) -> Objective:
-    """GRPO / DAPO / GSPO / OPD (and their sums) over sampled responses; see the module table."""
+def policy_objective(
+    policy: LanguagePolicy, algorithm: AlgorithmConfig, temperature: float, recompute: bool
+) -> Objective:
+    """GRPO / DAPO / GSPO / OPD (and their sums) over sampled responses; see the module table. `recompute`: the old
+    log-probs are the replayed ones (`config.recomputes_old_log_probs`), else the rollout's."""
     a = algorithm
     clip_high = a.clip_range if a.clip_high is None else a.clip_high
     distill = a.teacher_path is not None
@@ -85,7 +88,7 @@ def policy_objective(policy: LanguagePolicy, algorithm: AlgorithmConfig, tempera
         total = aggregate(loss, mask, a.aggregation)
         return total.expand(len(logp)), metrics, {"log_prob": logp.detach()}
 
-    old = "old_log_probs" if a.old_log_probs == "recompute" else "log_probs"
+    old = "old_log_probs" if recompute else "log_probs"
     resident = SEQUENCE + ("advantages",)
     fields = {"old_log_prob": old}
     if distill:

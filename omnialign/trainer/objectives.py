@@ -22,7 +22,7 @@ from omnialign.algorithms import nft, preference
 from omnialign.algorithms.distill import diffusion_distill
 from omnialign.algorithms.policy_gradient import dppo, dual_clip, gaussian_mean_kl, grpo_guard, ppo_clip
 from omnialign.batch import CleanBatch, PairBatch, Trajectory
-from omnialign.config import Config, RolloutConfig
+from omnialign.config import Config, RolloutConfig, recomputes_old_log_probs
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
 from omnialign.models.base import DiffusionPolicy
@@ -101,7 +101,7 @@ def policy_gradient(
             metrics["distill_kl"] = distance.detach()
         return loss, metrics, {"log_prob": tr.log_prob, "mean": tr.mean}
 
-    recompute = a.old_log_probs == "recompute"
+    recompute = recomputes_old_log_probs(config)
     per_step = {**FLOW_STEP, "old_log_prob": ("old_log_probs" if recompute else "log_probs", 0)}
     if a.name in ("grpo_guard", "dppo"):
         per_step["old_mean"] = ("old_means" if recompute else "means", 0)

@@ -10,7 +10,7 @@ from tqdm import tqdm
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.batch import Trajectory
-from omnialign.config import Config, training_batch
+from omnialign.config import Config, recomputes_old_log_probs, training_batch
 from omnialign.data.prompts import load_prompt_set, prompts_for_step, source_images
 from omnialign.engine import dist
 from omnialign.engine.dist import World
@@ -101,7 +101,7 @@ class OnlineTrainer:
         if c.actor.timestep_staging:
             batch = batch.cpu()
         metrics = reward_metrics
-        if self.algorithm.replays_window and c.algorithm.old_log_probs == "recompute":
+        if self.algorithm.replays_window and recomputes_old_log_probs(c):
             with phase("old_log_probs"):
                 metrics.update(self.recompute_old(batch))
         with phase("update"):
