@@ -3,6 +3,7 @@ trainer.deterministic twice gives the same metrics.jsonl bit for bit, timings as
 only with --runslow: it costs 15 s each on a 2-core CPU; the GPU tier runs it beside other processes)."""
 
 import pytest
+import torch
 
 from omnialign.config import apply_overrides, validate
 from omnialign.metrics import read_metrics
@@ -28,6 +29,7 @@ def test_recipe_runs_two_steps(name, tmp_path, request):
     if config.rollout.window_size:
         small += ["rollout.window_size=2", "rollout.window_shift_every=1", "rollout.window_end=3"]
     summary = main(validate(apply_overrides(config, [*small, f"trainer.output_dir={tmp_path / 'a'}"])))
+    assert not torch.are_deterministic_algorithms_enabled()  # the run's setting ended with it
     records = read_metrics(tmp_path / "a" / config.name / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert EXPECTED[config.algorithm.name] in records[1], sorted(records[1])

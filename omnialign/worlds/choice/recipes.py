@@ -32,7 +32,6 @@ def choice_dapo() -> Config:
     c.trainer.total_steps = 60
     c.trainer.val_every = 20
     c.trainer.save_every = 60
-    c.trainer.deterministic = True  # the same seed gives the same run, bit for bit (BENCHMARKS.md: its cost)
     return c
 
 
