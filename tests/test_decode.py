@@ -157,7 +157,9 @@ def test_on_cuda(path, dtype, decoder, graph, adapter):
     """The decoders on CUDA, eager and graph, with and without LoRA, under each choice of attention kernels, in
     float32 and in bf16 with realistic logits (the final norm scaled x8, where a bf16 head was off by 4e-3 nats on
     average on the CPU): the recorded log-probs through each stop token are the training forward's within float32
-    rounding (measured on an H200: 1e-6 at most)."""
+    rounding (1e-6 at most on an H200), but for the static decoder in bf16 without cuDNN: its prefill's grouped
+    attention then takes another kernel than the training forward's, whose bf16 rounding differs (2e-3 to 4e-3
+    nats on average there); the language recipes keep the default kernels."""
     for name, kernels in KERNELS.items():
         policy = qwen3.load(ModelConfig(arch="qwen3", path=path, dtype=dtype))
         if adapter:
@@ -170,7 +172,10 @@ def test_on_cuda(path, dtype, decoder, graph, adapter):
             results = [check_against_training(policy, decoder, seed, "cuda", **kw) for seed in (0, 1, 2)]
         gap = torch.cat([(r["recorded"] - r["training"]).abs() for r in results])
         print(f"{dtype} {decoder} graph={graph} adapter={adapter} {name}: gap {gap.mean():.2e} max {gap.max():.2e}")
-        assert gap.max() < 1e-4, (name, float(gap.mean()), float(gap.max()))
+        if dtype == "bfloat16" and decoder == "static" and kernels:
+            assert gap.mean() < 1e-2, (name, float(gap.mean()), float(gap.max()))
+        else:
+            assert gap.max() < 1e-4, (name, float(gap.mean()), float(gap.max()))
 
 
 @pytest.mark.gpu
