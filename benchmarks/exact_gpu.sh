@@ -41,9 +41,8 @@ for stage in "$@"; do
         python3 - "$work/r300" <<'EOF'
 import sys
 from pathlib import Path
-from omnialign.metrics import read_metrics
-runs = [[{k: v for k, v in r.items() if not k.startswith("timing/")} for r in read_metrics(Path(sys.argv[1]) / n /
-         "metrics.jsonl")] for n in ("a", "b")]
+from omnialign.metrics import read_metrics, without_timing
+runs = [without_timing(read_metrics(Path(sys.argv[1]) / n / "metrics.jsonl")) for n in ("a", "b")]
 last = runs[0][-1]
 print(f"300-step glyphs_online_dpo pair: {len(runs[0])} and {len(runs[1])} records, identical: {runs[0] == runs[1]};"
       f" step 300 val reward {last.get('val/reward/mean')}, gold {last.get('val/gold/accuracy')}")

@@ -16,11 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omnialign.metrics import read_metrics
-
-
-def without_timing(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
+from omnialign.metrics import read_metrics, without_timing
 
 
 def first_difference(a: list[dict], b: list[dict]) -> tuple[int | None, str, float]:

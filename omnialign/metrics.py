@@ -52,6 +52,12 @@ def to_host(
     return out
 
 
+def without_timing(records: list[dict]) -> list[dict]:
+    """Step records of metrics.jsonl without their timing/* entries: what two runs of one config share bit for bit
+    under trainer.deterministic, and a resumed run with an uninterrupted one."""
+    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
+
+
 SUMMARY = [
     ("reward/mean", "reward {:.3f}"),
     ("reward/std", "±{:.3f}"),

@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from omnialign import bench
 from omnialign.config import apply_overrides, training_batch, validate
 from omnialign.engine import dist, optim
-from omnialign.metrics import read_metrics
+from omnialign.metrics import read_metrics, without_timing
 from omnialign.models import LOADERS
 from omnialign.recipes import RECIPES
 from omnialign.trainer import actor
@@ -232,11 +232,6 @@ def start_run(recipe: str, out: Path, name: str, *overrides: str) -> subprocess.
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=(out / f"{name}.log").open("w"))
 
 
-def metrics_without_timing(run_dir: Path) -> list[dict]:
-    records = read_metrics(run_dir / "metrics.jsonl")
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
-
-
 def finish(run: subprocess.Popen, log: Path) -> None:
     assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
 
@@ -250,5 +245,5 @@ def test_deterministic_glyphs_runs_agree_on_cuda(tmp_path):
     other = start_run("glyphs_online_dpo", tmp_path, "other", "trainer.total_steps=20")
     finish(beside, tmp_path / "beside.log")
     finish(other, tmp_path / "other.log")
-    alone, beside = (metrics_without_timing(tmp_path / name) for name in ("alone", "beside"))
+    alone, beside = (without_timing(read_metrics(tmp_path / name / "metrics.jsonl")) for name in ("alone", "beside"))
     assert len(alone) == 21 and alone == beside

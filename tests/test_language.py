@@ -15,7 +15,7 @@ from omnialign.config import GenerationConfig, ModelConfig, apply_overrides, val
 from omnialign.data.language import cap_by_modality, load_records, pair_batches
 from omnialign.engine import checkpoint
 from omnialign.export import write_adapter
-from omnialign.metrics import read_metrics
+from omnialign.metrics import read_metrics, without_timing
 from omnialign.models import lora, qwen3, qwen3_omni, tiny
 from omnialign.recipes import RECIPES
 from omnialign.rollout.language import generate, response_lengths
@@ -199,9 +199,7 @@ def test_every_language_recipe_runs_two_steps(name, models, omni_data, tmp_path)
     if deterministic:
         main(recipe_config(name, models, omni_data, tmp_path / "again", *deterministic))
         again = read_metrics(tmp_path / "again" / name / "metrics.jsonl")
-        assert [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records] == [
-            {k: v for k, v in r.items() if not k.startswith("timing/")} for r in again
-        ]
+        assert without_timing(records) == without_timing(again)
     assert [r["step"] for r in records] == [0, 1, 2] and summary["steps"] == 2
     assert all(math.isfinite(r["actor/loss"]) for r in records[1:])
     assert checkpoint.latest(run).name == "step_000002"
@@ -219,11 +217,8 @@ def test_language_run_resumes_identically(name, models, omni_data, tmp_path):
     main(recipe_config(name, models, omni_data, tmp_path / "b", *args, "trainer.total_steps=2"))
     main(recipe_config(name, models, omni_data, tmp_path / "b", *args), resume="auto")
 
-    def strip(records):
-        return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
-
-    a = strip(read_metrics(tmp_path / "a" / name / "metrics.jsonl"))
-    b = strip(read_metrics(tmp_path / "b" / name / "metrics.jsonl"))
+    a = without_timing(read_metrics(tmp_path / "a" / name / "metrics.jsonl"))
+    b = without_timing(read_metrics(tmp_path / "b" / name / "metrics.jsonl"))
     assert [r["step"] for r in b] == [0, 1, 2, 3] and a == b
 
 

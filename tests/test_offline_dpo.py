@@ -5,7 +5,7 @@ import json
 import pytest
 
 from omnialign.config import Config, ModelConfig, RewardConfig, RolloutConfig, apply_overrides, validate
-from omnialign.metrics import read_metrics
+from omnialign.metrics import read_metrics, without_timing
 from omnialign.models import tiny
 from omnialign.prepare.offline_dpo import prepare_offline_dpo
 from omnialign.recipes import RECIPES
@@ -75,6 +75,5 @@ def test_offline_dpo_resumes_identically(pairs, tmp_path):
     main(config(tmp_path / "a", 3))
     main(config(tmp_path / "b", 2))
     main(config(tmp_path / "b", 3), resume="auto")
-    a, b = ([{k: v for k, v in r.items() if not k.startswith("timing/")}
-             for r in read_metrics(tmp_path / run / "sd3_offline_dpo" / "metrics.jsonl")] for run in "ab")  # fmt: skip
+    a, b = (without_timing(read_metrics(tmp_path / run / "sd3_offline_dpo" / "metrics.jsonl")) for run in "ab")
     assert [r["step"] for r in b] == [0, 1, 2, 3] and a == b

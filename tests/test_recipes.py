@@ -6,17 +6,13 @@ import pytest
 import torch
 
 from omnialign.config import apply_overrides, validate
-from omnialign.metrics import read_metrics
+from omnialign.metrics import read_metrics, without_timing
 from omnialign.recipes import RECIPES
 from omnialign.train import main
 
 GLYPHS = [name for name in RECIPES if name.startswith("glyphs")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
             "distill": "actor/distill_kl", "nft": "actor/nft/positive", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
-
-
-def without_timing(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
 
 
 @pytest.mark.parametrize("name", GLYPHS)

@@ -12,7 +12,7 @@ from omnialign.engine import checkpoint
 from omnialign.engine.dist import World
 from omnialign.engine.optim import NonFiniteUpdate
 from omnialign.export import load_trained_network
-from omnialign.metrics import read_metrics
+from omnialign.metrics import read_metrics, without_timing
 from omnialign.recipes import RECIPES
 from omnialign.train import main
 from omnialign.trainer import objectives
@@ -32,7 +32,7 @@ def small(name, out, *extra):
 
 
 def records_without_timing(run):
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in read_metrics(run / "metrics.jsonl")]
+    return without_timing(read_metrics(run / "metrics.jsonl"))
 
 
 @pytest.mark.parametrize("name", FAMILIES)

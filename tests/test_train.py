@@ -14,7 +14,7 @@ from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.engine.dist import World
 from omnialign.engine.optim import NonFiniteUpdate
-from omnialign.metrics import read_metrics
+from omnialign.metrics import read_metrics, without_timing
 from omnialign.recipes import RECIPES
 from omnialign.rollout.diffusion import generate
 from omnialign.train import main
@@ -25,10 +25,6 @@ from omnialign.worlds.glyphs import model as glyphs
 
 def debug_config(tmp_path, *overrides):
     return validate(apply_overrides(RECIPES["debug"](), [f"trainer.output_dir={tmp_path}", *overrides]))
-
-
-def without_timing(records):
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
 
 
 def assert_debug_runs_match(a_dir, b_dir):
