@@ -790,7 +790,8 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
         total, out, lp = timed(max_new_tokens)
         is_stop = torch.isin(out, torch.tensor(stop, device=out.device)).long()
         keep = is_stop.cumsum(1) - is_stop == 0  # through each row's stop token
-        gaps = logprob_gaps(training_logprobs(policy, ids, out, keep), lp, keep)
+        reference = training_logprobs(policy, ids, out, keep)
+        gaps = logprob_gaps(reference, lp, keep)
         decode_tps = batch * (out.shape[1] - 1) / max(total - first, 1e-9)
         row = {"decoder": name, "model": f"qwen3-{'tiny' if tiny else model_size}", "batch": batch,
                "prompt_len": prompt_len, "new_tokens": out.shape[1], "seconds": round(total, 3),
@@ -803,8 +804,7 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     # what a bf16 output head alone adds: the training forward with its head in bf16, on the last decoder's tokens
     bf16_head = training_logprobs(policy, ids, out, keep, torch.bfloat16)
     rows.append({k: None for k in rows[-1]} | {"decoder": "training forward, bf16 head (reference)",
-                                               **logprob_gaps(training_logprobs(policy, ids, out, keep), bf16_head,
-                                                              keep)})  # fmt: skip
+                                               **logprob_gaps(reference, bf16_head, keep)})  # fmt: skip
     print(json.dumps(rows[-1]), flush=True)
     return rows
 
