@@ -34,8 +34,9 @@ def test_attention_kernel_choice_stays_in_the_blocks_of_the_model_that_asks(tmp_
     """A model built with engine.cudnn_attention=false runs its blocks without cuDNN's kernel while the process-wide
     switch stays on, and a model built after it in the same process has its blocks' default back."""
     world = dist.init()
-    glyphs = RECIPES["glyphs"]()
-    restricted, _ = build_policy(validate(apply_overrides(glyphs, ["engine.cudnn_attention=false"])), world)
+    restricted, _ = build_policy(
+        validate(apply_overrides(RECIPES["glyphs"](), ["engine.cudnn_attention=false"])), world
+    )
     assert torch.backends.cuda.cudnn_sdp_enabled()
     assert not cudnn_seen_by_first_block(restricted, world.device)
     assert torch.backends.cuda.cudnn_sdp_enabled()
