@@ -68,6 +68,7 @@ class PairBatch:
     sigma: torch.Tensor  # (P,) float32: noise level shared within a pair (logit-normal)
     cond: TensorDict  # (P, 2, ...): prompt conditions of winner and loser
     scores: torch.Tensor  # (P, 2) float32: rewards of winner and loser
+    weight: torch.Tensor  # (P,) float32: the pair's loss weight, 0 for a dropped pair, mean 1 over the batch
 
 
 @tensorclass

@@ -211,7 +211,11 @@ class AlgorithmConfig:
     """DPO label smoothing (conservative DPO)."""
     dpo_min_gap: float = 0.0
     """Diffusion-DPO: pairs whose reward gap (winner - loser) is below this get no loss (ties once most samples of a
-    prompt are right carry no preference, and training on them lets the policy drift)."""
+    prompt are right carry no preference, and training on them lets the policy drift). The loss is the mean over
+    the kept pairs, and a step that keeps none takes no optimizer step."""
+    ref_update_every: int = 0
+    """Online DPO: every this many steps the reference becomes the current policy (flow_grpo's `ref_update_step`,
+    iterative DPO); 0 keeps the base model as the reference throughout."""
     average_log_prob: bool = False
     """Language DPO: mean instead of sum of response-token log-probs (true reproduces published IPO, which averages)."""
     timestep_mean: float = 0.0
@@ -488,6 +492,10 @@ def validate(config: Config) -> Config:
         (r.kind in ("sde", "cps", "dance"), f"rollout.kind={r.kind!r}: choose sde, cps or dance"),
         (config.algorithm.name in ALGORITHMS,
          f"algorithm.name={config.algorithm.name!r}: choose one of {', '.join(ALGORITHMS)}"),
+        (config.algorithm.ref_update_every == 0 or (config.algorithm.ref_update_every > 0
+                                                    and config.algorithm.name == "online_dpo"),
+         f"algorithm.ref_update_every={config.algorithm.ref_update_every}: a positive number of steps, for "
+         f"algorithm.name=online_dpo only (not {config.algorithm.name}); 0 keeps the base model as the reference"),
         (config.algorithm.old_log_probs in ("auto", "rollout", "recompute"),
          f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose auto, rollout or recompute"),
         (config.model.dtype in ("float32", "bfloat16"),

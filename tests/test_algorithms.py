@@ -189,7 +189,7 @@ def test_dpo_min_gap_gives_tied_pairs_no_loss():
     scores = torch.tensor([1.0, 0.0, 0.95, 0.9, 0.6, 0.4], device=world.device)  # gaps 1.0, 0.05 (a tie) and 0.2
     x0 = torch.randn(6, 1, 32, 32, generator=g).to(world.device)
     batch = pair_batch(x0, cond, scores, g, config, policy.train_sigmas())
-    inputs = {k: getattr(batch, k) for k in ("x0", "noise", "sigma", "cond", "scores")}
+    inputs = {k: getattr(batch, k) for k in ("x0", "noise", "sigma", "cond", "weight")}
     loss, metrics, _ = dpo_objective(policy, config, contexts["reference"]).fn(inputs)
-    torch.testing.assert_close(loss.cpu(), torch.tensor([math.log(2), 0.0, math.log(2)]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(loss.cpu(), torch.tensor([1.5 * math.log(2), 0.0, 1.5 * math.log(2)]), atol=1e-3, rtol=0)
     assert metrics["dpo/kept"].tolist() == [1.0, 0.0, 1.0]

@@ -65,6 +65,7 @@ def test_missing_equals_sign():
         ("actor.max_grad_norm=nan", "actor.max_grad_norm=nan: must be a finite number"),
         ("algorithm.clip_range=inf", "algorithm.clip_range=inf: must be a finite number"),
         ("rollout.kind=cps", "rollout.window_end <= 9"),
+        ("algorithm.ref_update_every=10", "ref_update_every=10: .*online_dpo only .not flowgrpo"),
     ],
 )
 def test_validate_rejects_inconsistent_values(item, message):

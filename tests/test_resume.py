@@ -2,6 +2,7 @@
 crash mid-write leaves readable files, and a run that learns nothing does not report success."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from omnialign.engine.dist import World
 from omnialign.engine.optim import NonFiniteUpdate
 from omnialign.export import load_trained_network
 from omnialign.metrics import read_metrics, without_timing
+from omnialign.models import LOADERS
 from omnialign.recipes import RECIPES
 from omnialign.train import main
 from omnialign.trainer import objectives
@@ -46,6 +48,36 @@ def test_resume_is_exact_for_every_diffusion_algorithm(name, tmp_path):
     wa, wb = (dict(load_trained_network(checkpoint.latest(tmp_path / run / name))[1].named_parameters())
               for run in ("a", "b"))  # fmt: skip
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("lora", [[], ["model.lora.rank=4"]], ids=["full", "lora"])
+def test_online_dpo_refreshed_reference_resumes_exactly(lora, tmp_path):
+    """algorithm.ref_update_every=1: the reference is the policy at the start of every step (DPO's loss is log 2
+    there), and a resumed run restores the refreshed reference, not the base model (a frozen copy, or the
+    `reference` LoRA adapter)."""
+    name, refresh = "glyphs_online_dpo", ["algorithm.ref_update_every=1", *lora]
+    main(small(name, tmp_path / "a", "trainer.total_steps=3", *refresh))
+    main(small(name, tmp_path / "b", "trainer.total_steps=2", *refresh))
+    main(small(name, tmp_path / "b", "trainer.total_steps=3", *refresh), resume="auto")
+    main(small(name, tmp_path / "base", "trainer.total_steps=3", *lora))
+    a, b, base = (records_without_timing(tmp_path / run / name) for run in ("a", "b", "base"))
+    assert a == b
+    assert [r["actor/loss"] for r in a[1:]] == pytest.approx([math.log(2)] * 3, abs=1e-6)
+    assert a[1]["actor/loss"] == base[1]["actor/loss"] and base[3]["actor/loss"] != pytest.approx(math.log(2), abs=1e-3)
+
+
+def test_online_dpo_with_every_pair_tied_leaves_the_weights_alone(tmp_path):
+    """algorithm.dpo_min_gap above any reward gap: every pair is dropped, the gradient is 0 and no optimizer step
+    is taken, so AdamW's momentum and weight decay do not move the weights (they did before: 6 learning-rate
+    steps of drift over 10 empty steps)."""
+    config = small("glyphs_online_dpo", tmp_path, "trainer.total_steps=2", "algorithm.dpo_min_gap=2")
+    main(config)
+    records = records_without_timing(tmp_path / config.name)
+    assert [r["actor/grad_norm"] for r in records[1:]] == [0.0, 0.0]
+    assert [r["actor/dpo/kept"] for r in records[1:]] == [0.0, 0.0]
+    saved, trained, _ = load_trained_network(checkpoint.latest(tmp_path / config.name))
+    base = LOADERS[saved.model.arch](saved.model).transformer.state_dict()
+    assert all(torch.equal(p, base[k]) for k, p in trained.state_dict().items())
 
 
 def test_resume_refuses_changed_training_settings_and_allows_the_schedule(tmp_path):

@@ -31,7 +31,9 @@ def step(
     loss: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clip, then step only if the gradient norm and the update's `loss` (0-d, optional) are finite; always zero
-    the gradients. A non-finite one raises `NonFiniteUpdate` unless `skip_nonfinite`.
+    the gradients. A non-finite one raises `NonFiniteUpdate` unless `skip_nonfinite`. A gradient of exactly 0 (a
+    mini-batch with nothing to learn, such as online DPO's where every pair is tied) takes no step either, so that
+    AdamW's momentum and weight decay do not move the weights on no evidence.
 
     Returns (grad norm before clipping, 1.0 if the update was skipped else 0.0). One host sync.
     """
@@ -39,7 +41,7 @@ def step(
     if isinstance(grad_norm, DTensor):  # sharded parameters give a replicated global norm
         grad_norm = grad_norm.full_tensor()
     loss = grad_norm.new_zeros(()) if loss is None else loss.detach().float().reshape(()).to(grad_norm.device)
-    finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss))
+    finite, empty = torch.stack([torch.isfinite(grad_norm) & torch.isfinite(loss), grad_norm == 0]).tolist()
     if not finite and not skip_nonfinite:
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteUpdate(
@@ -47,7 +49,7 @@ def step(
             "infinite. The update was not applied and the last checkpoint is intact; look at the step's rewards "
             "and losses, or set actor.skip_nonfinite=true to skip such updates and go on"
         )
-    if finite:
+    if finite and not empty:
         optimizer.step()
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -14,7 +14,7 @@ from omnialign.config import Config
 from omnialign.engine import dist, fsdp, sequence
 from omnialign.models import LOADERS, lora
 from omnialign.models.base import DiffusionPolicy
-from omnialign.models.reference import Context, swapped_network
+from omnialign.models.reference import Context, Reference, swapped_network
 
 
 def frozen_copy(net: nn.Module, blocks: list[nn.Module], config: Config, world: dist.World) -> nn.Module:
@@ -56,19 +56,23 @@ def build_policy(
     defaults to loading `config.model` (a benchmark passes one built in memory)."""
     a, spec = config.algorithm, config.model.lora
     policy = policy or LOADERS[config.model.arch](config.model)
-    net, blocks, contexts = policy.transformer, policy.blocks(), {}
+    net, blocks, contexts, frozen = policy.transformer, policy.blocks(), {}, None
     need_reference = a.kl_coef > 0 or (a.name == "nft" and a.nft_kappa > 0) or a.name in ("online_dpo", "diffusion_dpo")
     if spec.rank > 0:
         lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets,
                                       spec.exclude)  # fmt: skip
         contexts["reference"] = lambda: lora.adapters_disabled(net)
+        if a.ref_update_every:  # a reference that changes: a second adapter, refreshed from `default`
+            lora.add_adapter(net, "reference", lora_config)
+            contexts["reference"] = lambda: lora.use_adapter(net, "reference")
         if a.name == "nft":
             lora.add_adapter(net, "old", lora_config)
             contexts["old"] = lambda: lora.use_adapter(net, "old")
     else:
         net.requires_grad_(True).float()  # fp32 master weights; compute runs in model.dtype (FSDP mixed precision)
         if need_reference:
-            contexts["reference"] = swapped_network(policy, frozen_copy(net, blocks, config, world))
+            frozen = frozen_copy(net, blocks, config, world)
+            contexts["reference"] = swapped_network(policy, frozen)
     if a.teacher_path:
         teacher = LOADERS[config.model.arch](dataclasses.replace(config.model, path=a.teacher_path)).transformer
         contexts["teacher"] = swapped_network(policy, shard_frozen(teacher.float(), net, blocks, config, world))
@@ -76,4 +80,17 @@ def build_policy(
     split_sequence(net, config, world)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
                e.cpu_offload, e.reshard_after_forward, e.compile, e.cudnn_attention)  # fmt: skip
-    return policy.to(world.device), contexts
+    policy = policy.to(world.device)
+    if a.ref_update_every:  # after sharding, which replaces the parameters
+        contexts["reference"] = Reference(contexts["reference"], reference_copies(net, frozen))
+    return policy, contexts
+
+
+def reference_copies(net: nn.Module, frozen: nn.Module | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each tensor of a reference that changes, by name, with the trained tensor a refresh copies into it: the
+    frozen copy's parameters from the network's (full fine-tuning), or the `reference` adapter's from `default`."""
+    trained = dict(net.named_parameters())
+    if frozen is not None:
+        return {name: (p, trained[name]) for name, p in frozen.named_parameters()}
+    return {name: (p, trained[name.replace(".reference.", ".default.")])
+            for name, p in trained.items() if ".reference." in name}  # fmt: skip

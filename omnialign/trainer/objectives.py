@@ -176,12 +176,13 @@ def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -
             e_ref = errors(x0, noise, sigma, cond).view(-1, 2)
         loss, metrics = preference.dpo_loss(-e[:, 0] / 2, -e[:, 1] / 2, -e_ref[:, 0] / 2, -e_ref[:, 1] / 2,
                                             a.dpo_beta, a.dpo_loss, a.label_smoothing)  # fmt: skip
+        w = inputs["weight"]  # means over the kept pairs
+        metrics = {name: value * w for name, value in metrics.items()}
         if a.dpo_min_gap > 0:
-            keep = (inputs["scores"][:, 0] - inputs["scores"][:, 1] >= a.dpo_min_gap).float()
-            loss, metrics["dpo/kept"] = loss * keep, keep
-        return loss, metrics, {"errors": e.detach(), "ref_errors": e_ref}
+            metrics["dpo/kept"] = (w > 0).float()
+        return loss * w, metrics, {"errors": e.detach(), "ref_errors": e_ref}
 
-    return Objective(fn, resident=("x0", "noise", "sigma", "cond", "scores"))
+    return Objective(fn, resident=("x0", "noise", "sigma", "cond", "weight"))
 
 
 def pair_batch(
@@ -193,12 +194,17 @@ def pair_batch(
     train_sigmas: torch.Tensor,
 ) -> PairBatch:
     """Adjacent winner/loser rows (2P, ...) to a `PairBatch` with one noise and one sigma per pair, the sigma
-    drawn from the model's training sigmas `train_sigmas` (T,) at a logit-normal position."""
+    drawn from the model's training sigmas `train_sigmas` (T,) at a logit-normal position. A pair whose reward gap
+    is below `algorithm.dpo_min_gap` gets weight 0, the kept ones P / kept, so that the loss is their mean (and 0,
+    with no optimizer step, where none is kept)."""
     a, pairs = config.algorithm, len(x0) // 2
     noise = torch.randn((pairs, *x0.shape[1:]), generator=generator).to(x0.device)
     sigma = sde.logit_normal_sigmas(pairs, generator, train_sigmas, a.timestep_mean, a.timestep_std)
+    scores = scores.view(pairs, 2)
+    keep = (scores[:, 0] - scores[:, 1] >= a.dpo_min_gap).float() if a.dpo_min_gap > 0 else scores.new_ones(pairs)
     return PairBatch(x0=x0.unflatten(0, (pairs, 2)), noise=noise, sigma=sigma.to(x0.device),
-                     cond=cond.reshape(pairs, 2), scores=scores.view(pairs, 2), batch_size=[pairs])  # fmt: skip
+                     cond=cond.reshape(pairs, 2), scores=scores, weight=keep * pairs / keep.sum().clamp(min=1),
+                     batch_size=[pairs])  # fmt: skip
 
 
 def dpo_accuracy(errors: torch.Tensor, ref_errors: torch.Tensor, beta: float) -> dict[str, torch.Tensor]:
@@ -210,14 +216,23 @@ def dpo_accuracy(errors: torch.Tensor, ref_errors: torch.Tensor, beta: float) ->
 def online_dpo(
     policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
 ) -> Algorithm:
-    """Online Diffusion-DPO: per prompt, the best and the worst of its n samples form a pair."""
+    """Online Diffusion-DPO: per prompt, the best and the worst of its n samples form a pair; with
+    `algorithm.ref_update_every`, the reference becomes the current policy every that many steps."""
+    every = config.algorithm.ref_update_every
 
     def batch(traj: Trajectory, step: int) -> PairBatch:
         rows = preference.best_and_worst(traj.rewards.cpu(), traj.group.cpu()).to(traj.final.device)
         return pair_batch(traj.final[rows], traj.cond[rows], traj.rewards[rows], _generator(config, step, 3), config,
                           policy.train_sigmas())  # fmt: skip
 
-    return Algorithm(dpo_objective(policy, config, reference), batch, replays_window=False)
+    def refresh(step: int) -> None:
+        if step % every == 0:
+            reference.refresh()
+
+    if not every:
+        return Algorithm(dpo_objective(policy, config, reference), batch, replays_window=False)
+    return Algorithm(dpo_objective(policy, config, reference), batch, refresh, replays_window=False,
+                     state=reference.state)  # fmt: skip
 
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {

@@ -102,8 +102,8 @@ def glyphs_online_dpo() -> Config:
     """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against the base model (beta 800)."""
     c = _variant("glyphs_online_dpo", "online_dpo")
     c.rollout.window_size = 0
-    c.algorithm.dpo_min_gap = 0.1  # without it the pairs of saturated prompts are ties and 300 GPU steps collapsed
-    c.algorithm.dpo_beta = 800.0  # at 200 one of two 300-step GPU runs collapsed; at 800 four of four held
+    c.algorithm.dpo_min_gap = 0.1  # pairs of saturated prompts are ties (docs/algorithms.md, online DPO)
+    c.algorithm.dpo_beta = 800.0  # chosen before the empty-step fix (at 200 one of two 300-step GPU runs collapsed)
     c.actor.micro_batch_size = 8
     c.actor.mini_batch_size = None
     c.actor.lr = 1e-4
