@@ -1,0 +1,28 @@
+#!/bin/bash
+# Every glyphs recipe x SEEDS seeds x STEPS steps on the GPUs of one machine, JOBS runs at a time (default: one per
+# CPU core), for BENCHMARKS.md's seed-sweep table ("Learning on every seed"):
+#   benchmarks/glyphs_seeds.sh OUT [STEPS [SEEDS [RECIPE ...]]]   # defaults: 300 steps, seeds 0-4, the recipes below
+# writes OUT/runs/RECIPE_sSEED/{metrics.jsonl,samples/step_*.{png,pt}} and OUT/logs/, then summarises the runs into
+# OUT/seeds.json and OUT/seeds.png with benchmarks/glyphs_seeds.py (`--into benchmarks/glyphs/seeds.json` there
+# merges a sweep into the shipped table). Runs go round-robin over the GPUs.
+out=$1; steps=${2:-300}; seeds=${3:-5}; shift $(($# < 3 ? $# : 3))
+recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_online_dpo glyphs_distill}
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1))
+mkdir -p $out/runs $out/logs
+export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1
+$PYTHON - > $out/meta.json <<'PY'
+import datetime, json, os, subprocess, torch
+device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+commit = os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                    text=True).stdout.strip()
+print(json.dumps({"date": str(datetime.date.today()), "device": device, "torch": torch.__version__, "commit": commit}))
+PY
+i=0
+for r in $recipes; do
+  for s in $(seq 0 $((seeds - 1))); do echo "$((i % gpus)) $r $s"; i=$((i + 1)); done
+done | xargs -P ${JOBS:-$(nproc)} -L 1 bash -c '
+  CUDA_VISIBLE_DEVICES=$0 $PYTHON -m omnialign train $1 seed=$2 name=$1_s$2 trainer.total_steps=$steps \
+    trainer.val_every=10 trainer.save_every=$steps trainer.progress=false trainer.save_val_images=true \
+    trainer.output_dir=$out/runs > $out/logs/$1_s$2.log 2>&1 && echo "done $1 seed $2" \
+    || echo "FAILED $1 seed $2: $out/logs/$1_s$2.log"'
+$PYTHON benchmarks/glyphs_seeds.py $out
