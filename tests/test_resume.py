@@ -62,7 +62,7 @@ def test_online_dpo_refreshed_reference_resumes_exactly(lora, tmp_path):
     main(small(name, tmp_path / "base", "trainer.total_steps=3", *lora))
     a, b, base = (records_without_timing(tmp_path / run / name) for run in ("a", "b", "base"))
     assert a == b
-    assert [r["actor/loss"] for r in a[1:]] == pytest.approx([math.log(2)] * 3, abs=1e-6)
+    assert [r["actor/loss"] for r in a[1:]] == pytest.approx([math.log(2)] * 3, abs=1e-4)
     assert a[1]["actor/loss"] == base[1]["actor/loss"] and base[3]["actor/loss"] != pytest.approx(math.log(2), abs=1e-3)
 
 
