@@ -151,7 +151,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
                 raise ValueError(f"--token-file {args.token_file} is empty; write the token into it")
         server = RewardServer(fn, args.reward, args.host, args.port, token, args.device, args.max_batch,
                               args.max_queue, reward_timeout=args.reward_timeout, header_timeout=args.header_timeout,
-                              body_timeout=args.body_timeout)  # fmt: skip
+                              body_timeout=args.body_timeout, max_pixels=args.max_pixels)  # fmt: skip
     except (ValueError, OSError) as e:
         raise SystemExit(f"serve-reward: {e}") from None
     serve(server)
@@ -345,6 +345,9 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("--options", default="{}", help="the reward's keyword options as a JSON object")
     sr.add_argument("--max-batch", type=int, default=64, help="most samples merged into one reward call")
     sr.add_argument("--max-queue", type=int, default=256, help="most requests held before answering 429")
+    sr.add_argument("--max-pixels", type=int, default=1 << 28,
+                    help="most pixels of one request's images, frames and sources (read from the PNG headers before "
+                    "decoding; 413 beyond it): 2^28 by default, 3 GiB as float RGB")  # fmt: skip
     sr.add_argument("--reward-timeout", type=float, default=240.0,
                     help="seconds one reward call may take before its requests get 504")  # fmt: skip
     sr.add_argument("--header-timeout", type=float, default=10.0,

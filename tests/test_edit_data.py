@@ -173,3 +173,36 @@ def test_the_command_in_a_subprocess(tmp_path):
     )
     _, metadata = read_prompt_file(out)
     assert source_images(metadata[2])[0].shape == (3, 3, 5) and files["alpha.png"].is_file()
+
+
+def test_16_bit_grayscale_is_scaled_not_clipped_alike_in_every_path(tmp_path):
+    """A 16-bit grayscale PNG (mode I;16) reads as its 8-bit equivalent (value / 257) through `prepare edit`, prompt
+    sources and the reward server's decoding, with one channel in each: clipping made 99.5% of pixels white."""
+    from omnialign.rewards.base import from_png
+
+    ramp = np.linspace(0, 65535, 64 * 64).round().astype(np.uint16).reshape(64, 64)
+    (tmp_path / "imgs").mkdir()
+    Image.fromarray(ramp).save(tmp_path / "imgs" / "deep.png")
+    assert Image.open(tmp_path / "imgs" / "deep.png").mode == "I;16"
+    expected = torch.from_numpy((ramp / 257).round()).float().div(255)[None]
+    direct = pixels(tmp_path / "imgs" / "deep.png")
+    served = from_png((tmp_path / "imgs" / "deep.png").read_bytes(), "images[0]")
+    out = tmp_path / "out" / "edits.parquet"
+    prepare_edit(write_input(tmp_path, "jsonl", [{"instruction": "x", "source": "imgs/deep.png"}]), out)
+    stored = source_images(read_prompt_file(out)[1][0])[0]
+    for got in (direct, served, stored):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    assert 0.45 < float(direct.mean()) < 0.55  # a ramp, not white
+
+
+def test_decompression_bombs_fail_naming_the_row_and_the_prompt(tmp_path, monkeypatch):
+    """An image over Pillow's decompression-bomb limit is a ValueError naming where it came from (the row and
+    field in `prepare edit`, the prompt and source in training), not a raw DecompressionBombError."""
+    files = write_images(tmp_path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 50)  # the 12x20 rgb.png is then a bomb (over 2 x 50 pixels)
+    row = r"edits.jsonl:1: sources\[0\] .*rgb.png is too large to decode .*drop the row"
+    with pytest.raises(ValueError, match=row):
+        prepare_edit(write_input(tmp_path, "jsonl", [{"instruction": "x", "source": "imgs/rgb.png"}]),
+                     tmp_path / "out.parquet")  # fmt: skip
+    with pytest.raises(ValueError, match=r"prompt 'x': source 0 .*rgb.png.* is too large to decode"):
+        source_images({"sources": [str(files["rgb.png"])]}, "prompt 'x'")

@@ -464,3 +464,30 @@ def test_vlm_judge_through_an_openai_compatible_endpoint():
     assert scores == pytest.approx([(1 + 0.75 + 0.5) / 3, (0 + 0.75 + 0.5) / 3])
     assert scores.info[0]["alignment"] == 1.0 and scores.info[0]["text"].startswith("I see 42.")
     assert server.seen[0][2]["temperature"] == 0.0
+
+
+def fake_png(width: int, height: int) -> str:
+    """A base64 PNG whose header claims width x height pixels, followed by no image data at all."""
+    header = b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + width.to_bytes(4, "big")
+    return base64.b64encode(header + height.to_bytes(4, "big") + b"\x08\x00\x00\x00\x00" + b"\x00" * 4).decode()
+
+
+def test_pixel_budget_is_checked_from_png_headers_before_decoding(monkeypatch):
+    """A request whose images, frames or sources hold more pixels than --max-pixels (by their PNG headers) is 413
+    with a JSON error before anything is decoded (a 12000 x 12000 frame was decoded to float and raised the
+    server's memory by 1.3 GB); a decompression bomb under the budget is a 400 naming the image, not a 500."""
+    png = base64.b64encode(to_png(torch.zeros(1, 32, 32))).decode()
+    with running(glyph_ocr, "glyph_ocr", max_pixels=3_500) as server:
+        url = f"{server.url}/score"
+        cases = [({"images": [fake_png(12000, 12000)], "prompts": ["1"]}, "hold 144000000 pixels"),
+                 ({"images": [png] * 4, "prompts": ["1"] * 4}, "hold 4096 pixels, over the server's 3500"),
+                 ({"videos": [[png, png], [png, png]], "prompts": ["1", "2"]}, "hold 4096 pixels"),
+                 ({"images": [png], "prompts": ["1"], "sources": [[png, png, png]]}, "hold 4096 pixels")]  # fmt: skip
+        for body, message in cases:
+            with pytest.raises(RewardServerError, match=f"HTTP 413: the request's images {message}.*--max-pixels"):
+                post_json(url, body, retries=3, **FAST)
+        assert len(post_json(url, {"images": [png] * 3, "prompts": ["1"] * 3}, retries=1, **FAST)["scores"]) == 3
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)  # 32 x 32 is then over Pillow's bomb limit (2 x 500)
+        with pytest.raises(RewardServerError, match=r"HTTP 400: images\[0\] is not .*too large to decode"):
+            post_json(url, {"images": [png], "prompts": ["1"]}, retries=3, **FAST)
+        assert server.health()["requests"] == 1

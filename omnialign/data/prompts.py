@@ -15,15 +15,13 @@ The stream depends only on (seed, step), so resuming at a step needs no saved st
 step itself, and every rank computes the same global list before taking its share of groups.
 """
 
-import io
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import torch
-from PIL import Image, UnidentifiedImageError
 
+from omnialign.rewards.base import from_png
 from omnialign.worlds.glyphs import EDIT_SETS, PROMPT_SETS
 
 PROMPT_FILE_TYPES = (".txt", ".json", ".jsonl", ".parquet")
@@ -116,15 +114,8 @@ def source_images(meta: dict, where: str = "prompt") -> list[torch.Tensor]:
         if isinstance(source, torch.Tensor):
             images.append(source)
             continue
-        try:
-            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
-            image = image.convert("L" if image.mode in ("1", "L", "I", "I;16") else "RGB")
-        except (OSError, UnidentifiedImageError) as e:
-            name = source if isinstance(source, str) else f"{len(source)} bytes"
-            raise ValueError(f"{where}: source {i} ({name:.200}) is not a readable image: {e}") from None
-        pixels = torch.from_numpy(np.asarray(image).copy())
-        pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
-        images.append(pixels.float() / 255)
+        name = source if isinstance(source, str) else f"{len(source)} bytes"
+        images.append(from_png(source, f"{where}: source {i} ({name:.200})"))
     return images
 
 

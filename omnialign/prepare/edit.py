@@ -36,7 +36,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from omnialign.rewards.base import open_image
 
 INPUT_TYPES = (".jsonl", ".json", ".csv", ".parquet")
 COLUMNS = ("instruction", "prompt", "source", "sources", "target_text", "reference", "mask")
@@ -143,11 +145,9 @@ def check_row(row: object, folder: Path, where: str) -> dict:
 def load_image(path: Path, field: str, where: str) -> Image.Image:
     """The image at `path`, fully decoded, 8-bit grayscale ("L") or RGB as `source_images` reads it."""
     try:
-        with Image.open(path) as image:
-            return image.convert("L" if image.mode in ("1", "L", "I", "I;16") else "RGB")
-    except (OSError, UnidentifiedImageError) as e:
-        raise ValueError(f"{where}: {field} {path} is not a readable image ({e}); replace the file or drop the "
-                         "row") from None  # fmt: skip
+        return open_image(path, f"{where}: {field} {path}")
+    except ValueError as e:
+        raise ValueError(f"{e}; replace the file or drop the row") from None
 
 
 def prepare_edit(

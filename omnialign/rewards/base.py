@@ -10,6 +10,7 @@ JSON-serialisable dict per sample; `rewards.score` collects it.
 
 import io
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -59,9 +60,23 @@ def to_png(image: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def from_png(data: bytes) -> torch.Tensor:
-    """PNG (or any Pillow-readable) bytes as a float image (C, H, W) in [0, 1]; grayscale stays C=1."""
-    image = Image.open(io.BytesIO(data))
-    image = image.convert("L" if image.mode in ("1", "L", "LA") else "RGB")
-    pixels = torch.from_numpy(np.asarray(image).copy()).float().div(255)
+def open_image(source: bytes | str | Path, where: str = "image") -> Image.Image:
+    """An image file or its bytes (any format Pillow reads), fully decoded, as 8-bit grayscale ("L") from every
+    grayscale mode (16-bit values scaled, not clipped) or RGB from every other mode (alpha dropped): the one
+    decoding of served frames, prompt sources and `prepare edit`. ValueError naming `where` when the data is no
+    readable image or a decompression bomb (more pixels than Pillow's `Image.MAX_IMAGE_PIXELS` allows)."""
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+            if image.mode.startswith("I;16"):  # 16 bits per pixel: 65535 is white
+                return Image.fromarray((np.asarray(image).astype(np.float32) / 257).round().astype(np.uint8))
+            return image.convert("L" if image.mode in ("1", "L", "LA", "I", "F") else "RGB")
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{where} is too large to decode ({e}); send or store smaller images") from None
+    except (OSError, ValueError, SyntaxError) as e:  # Pillow's errors for truncated or unknown data
+        raise ValueError(f"{where} is not a readable image ({e})") from None
+
+
+def from_png(data: bytes | str | Path, where: str = "image") -> torch.Tensor:
+    """An image (bytes or file; see `open_image`) as a float tensor (C, H, W) in [0, 1]: C=1 for grayscale, else 3."""
+    pixels = torch.from_numpy(np.asarray(open_image(data, where)).copy()).float().div(255)
     return pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)

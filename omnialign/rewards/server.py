@@ -7,12 +7,12 @@
               ->  200 {"scores": [float, ...], "info": [object, ...]}   (in sample order)
     GET  /health  ->  200 {"status": "ok", "reward": NAME, "held": n, "requests": n, "batches": n, ...}
 
-Errors are `{"error": message}` with 400 (malformed body or image), 401 (bearer token), 404,
-408 (body too slow), 411/413 (body length), 422 (the reward raised ValueError on this request's
-samples, e.g. a missing ground_truth), 429 (queue full) and 503 (too many body bytes being read),
-both with Retry-After, 500 (the reward failed otherwise) and 504 (the reward call did not return in
-time). A video is the list of its frames' PNGs (all of one size, every video of a request with as many
-frames); the reward gets them as (B, F, C, H, W). The full API is in docs/rewards.md; the client is
+Errors are `{"error": message}` with 400 (malformed body or image), 401 (bearer token), 404, 408 (body too
+slow), 411/413 (body length, or more pixels than `max_pixels` by the PNG headers), 422 (the reward raised
+ValueError on this request's samples, e.g. a missing ground_truth), 429 (queue full) and 503 (too many body
+bytes being read), both with Retry-After, 500 (the reward failed otherwise) and 504 (the reward call did not
+return in time). A video is the list of its frames' PNGs (all of one size, every video of a request with as
+many frames); the reward gets them as (B, F, C, H, W). The full API is in docs/rewards.md; the client is
 `omnialign.rewards.client.RemoteReward`.
 
 `RewardServer` is a plain ASGI app run by uvicorn on one asyncio loop. A request is checked from
@@ -36,6 +36,7 @@ import hmac
 import json
 import math
 import socket
+import struct
 import threading
 import traceback
 from collections import deque
@@ -64,19 +65,34 @@ class _Job:
     status: int = 200
 
 
-def _png(item: object, where: str) -> torch.Tensor:
-    """A base64 PNG string of the request as an image (C, H, W) in [0, 1]; ValueError naming `where` otherwise."""
+class TooManyPixels(ValueError):
+    """A request's images hold more pixels than the server's `max_pixels` (answered 413)."""
+
+
+def _png(item: object, where: str) -> tuple[bytes, int]:
+    """A base64 PNG string of the request as its bytes and its pixel count, read from the PNG header (nothing is
+    decoded yet); ValueError naming `where` otherwise."""
     try:
         data = base64.b64decode(item, validate=True)
-        if not data.startswith(PNG_SIGNATURE):
-            raise ValueError("no PNG signature")
-        return from_png(data)
-    except (ValueError, TypeError, OSError, binascii.Error) as e:
+    except (ValueError, TypeError, binascii.Error) as e:
+        raise ValueError(f"{where} is not a base64-encoded PNG ({e}); send PNG bytes, base64-encoded") from None
+    if not data.startswith(PNG_SIGNATURE) or data[12:16] != b"IHDR" or len(data) < 24:
+        raise ValueError(f"{where} is not a base64-encoded PNG (no PNG signature and header); send PNG bytes, "
+                         "base64-encoded")  # fmt: skip
+    width, height = struct.unpack(">II", data[16:24])
+    return data, width * height
+
+
+def _decode(data: bytes, where: str) -> torch.Tensor:
+    try:
+        return from_png(data, where)
+    except ValueError as e:
         raise ValueError(f"{where} is not a base64-encoded PNG ({e}); send PNG bytes, base64-encoded") from None
 
 
-def parse_request(body: bytes) -> _Job:
-    """A /score body as a job; ValueError naming the field and the fix when it is malformed."""
+def parse_request(body: bytes, max_pixels: int = 1 << 28) -> _Job:
+    """A /score body as a job; ValueError naming the field and the fix when it is malformed, `TooManyPixels` when its
+    images and sources (counted from their PNG headers, before any is decoded) hold more than `max_pixels`."""
     try:
         request = json.loads(body)
     except ValueError as e:
@@ -96,7 +112,7 @@ def parse_request(body: bytes) -> _Job:
     if sum(kind in request for kind in ("images", "videos", "texts")) != 1:
         raise ValueError("give exactly one of 'images' (base64 PNG strings), 'videos' (lists of base64 PNG "
                          "strings, a video's frames) and 'texts' (strings)")  # fmt: skip
-    sources = request.get("sources")
+    sources, pngs = request.get("sources"), {}  # (sample, index) of each source -> (bytes, pixels, name)
     if sources is not None:
         if not isinstance(sources, list) or len(sources) != n:
             raise ValueError(f"'sources' must be a list of {n} entries, one per prompt: a list of base64 PNG strings "
@@ -105,11 +121,14 @@ def parse_request(body: bytes) -> _Job:
             if entry is not None:
                 if not isinstance(entry, list) or not entry:
                     raise ValueError(f"sources[{i}] must be a non-empty list of base64 PNG strings, or null")
-                metadata[i]["sources"] = [_png(item, f"sources[{i}][{j}]") for j, item in enumerate(entry)]
+                for j, item in enumerate(entry):
+                    pngs[i, j] = (*_png(item, f"sources[{i}][{j}]"), f"sources[{i}][{j}]")
     if "texts" in request:
         texts = request["texts"]
         if not isinstance(texts, list) or len(texts) != n or not all(isinstance(t, str) for t in texts):
             raise ValueError(f"'texts' must be a list of {n} strings, one per prompt")
+        check_pixels(sum(p for _, p, _ in pngs.values()), max_pixels)
+        decode_sources(pngs, metadata)
         return _Job(texts, prompts, metadata, ("texts",), n)
     kind = "videos" if "videos" in request else "images"
     items, f = request[kind], 1
@@ -126,7 +145,10 @@ def parse_request(body: bytes) -> _Job:
             raise ValueError(f"'videos' hold {sorted({len(v) for v in items})} frames: send videos of one length "
                              "per request")  # fmt: skip
         items, names = [x for v in items for x in v], [f"videos[{i}][{j}]" for i in range(n) for j in range(f)]
-    images = [_png(item, name) for item, name in zip(items, names)]
+    frames = [_png(item, name) for item, name in zip(items, names)]
+    check_pixels(sum(p for _, p in frames) + sum(p for _, p, _ in pngs.values()), max_pixels)
+    decode_sources(pngs, metadata)
+    images = [_decode(data, name) for (data, _), name in zip(frames, names)]
     for name, image in zip(names, images):
         if image.shape != images[0].shape:
             raise ValueError(
@@ -135,6 +157,18 @@ def parse_request(body: bytes) -> _Job:
             )
     outputs = torch.stack(images).unflatten(0, (n, f)) if kind == "videos" else torch.stack(images)
     return _Job(outputs, prompts, metadata, (kind, *outputs.shape[1:]), n * f)
+
+
+def check_pixels(pixels: int, max_pixels: int) -> None:
+    if pixels > max_pixels:
+        raise TooManyPixels(f"the request's images hold {pixels} pixels, over the server's {max_pixels} "
+                            "(--max-pixels); send fewer or smaller images per request")  # fmt: skip
+
+
+def decode_sources(pngs: dict[tuple[int, int], tuple[bytes, int, str]], metadata: list[dict]) -> None:
+    """Each sample's source images, decoded into its metadata as "sources"."""
+    for (i, _), (data, _, name) in pngs.items():
+        metadata[i].setdefault("sources", []).append(_decode(data, name))
 
 
 class _Protocol(H11Protocol):
@@ -176,6 +210,7 @@ class RewardServer:
         max_queue: int = 256,
         max_body: int = 256 << 20,
         body_memory: int = 1 << 30,
+        max_pixels: int = 1 << 28,
         reward_timeout: float = 240.0,
         header_timeout: float = 10.0,
         body_timeout: float = 60.0,
@@ -197,7 +232,7 @@ class RewardServer:
                 ) from None
         self.fn, self.name, self.token, self.device = fn, name, token, device
         self.max_batch, self.max_queue, self.max_body, self.body_memory = max_batch, max_queue, max_body, body_memory
-        self.reward_timeout, self.body_timeout = reward_timeout, body_timeout
+        self.reward_timeout, self.body_timeout, self.max_pixels = reward_timeout, body_timeout, max_pixels
         self.socket = socket.create_server((host, port), backlog=BACKLOG)
         # accepted sockets inherit TCP_NODELAY, so a reply's header and body are not held back 40 ms by Nagle's
         # algorithm (asyncio sets it only on sockets made with proto=IPPROTO_TCP, which create_server's are not)
@@ -274,10 +309,12 @@ class RewardServer:
         self.reading += n
         try:
             body = await asyncio.wait_for(_read_body(receive), self.body_timeout)
-            job = await asyncio.to_thread(parse_request, body)
+            job = await asyncio.to_thread(parse_request, body, self.max_pixels)
         except TimeoutError:
             return 408, {"error": f"the body of {n} bytes did not arrive within body_timeout={self.body_timeout:g} "
                                   "s (--body-timeout); send faster or fewer samples per request"}  # fmt: skip
+        except TooManyPixels as e:
+            return 413, {"error": str(e)}
         except ValueError as e:
             return 400, {"error": str(e)}
         finally:
