@@ -63,6 +63,7 @@ PIPELINES = {"StableDiffusion3Pipeline": "sd3", "QwenImagePipeline": "qwen_image
 OMNI_TYPES = ("qwen3_omni_moe", "qwen3_omni_moe_thinker")  # any other transformers causal LM loads as qwen3
 VIDEO_FRAMES = 8  # frames of a video shown to the judge
 MAX_TOKENS = 2048  # of a judge reply
+REPLY_CHARS = 16_384  # of a judge reply kept in the verdict file (an endpoint may ignore max_tokens)
 
 LANGUAGE_HEAD = """Please act as an impartial judge and compare the answers of two AI assistants to the user request \
 below. The request's media, if any, follow its text.
@@ -517,7 +518,8 @@ def judge_item(item: dict, reference: dict, trained: dict, api: str, model: str,
         outcome = "win" if order["AB".index(verdict)] == "trained" else "loss"
     field = "image" if "image" in trained else "answer"
     return {**identity(item), "A": order[0], "B": order[1], "verdict": verdict or "malformed", "outcome": outcome,
-            "reply": text, "judge_model": model, "answers": {k: rows[k][field] for k in order}}  # fmt: skip
+            "reply": text if len(text) <= REPLY_CHARS else text[:REPLY_CHARS] + f" [... {len(text)} characters]",
+            "judge_model": model, "answers": {k: rows[k][field] for k in order}}  # fmt: skip
 
 
 def counts(rows: list[dict]) -> dict:

@@ -314,7 +314,8 @@ def test_glyph_images_judged(tmp_path):
     write_adapter(policy.transformer, config, tmp_path / "glyphs_lora")
     common = dict(data="digits", base=ASSETS, adapter=tmp_path / "glyphs_lora", out=tmp_path / "g.jsonl")
     settings = ["rollout.val_steps=3", "rollout.micro_batch_size=2"]
-    with judge_server(lambda t, b: "Image B shows it better. [[B]]") as server:
+    rambling = "I compare them. " * 10_000  # 160,000 characters: an endpoint that ignores max_tokens
+    with judge_server(lambda t, b: rambling + "Image B shows it better. [[B]]") as server:
         run(*settings, **common, max_samples=4, modalities=["image"], judge_url=server.url)
     files = judge.stage_files(tmp_path / "g.jsonl")
     reference, trained = lines(files["reference"]), lines(files["trained"])
@@ -324,6 +325,8 @@ def test_glyph_images_judged(tmp_path):
         assert a.shape == (32, 32) and not np.array_equal(a, b)
     verdicts = lines(files["judge"])
     assert all(v["outcome"] == ("win" if v["B"] == "trained" else "loss") for v in verdicts)
+    assert all(v["reply"].endswith(" [... 160030 characters]") for v in verdicts)  # the verdict file keeps 16 KB
+    assert all(len(v["reply"]) == judge.REPLY_CHARS + len(" [... 160030 characters]") for v in verdicts)
     asked = {b["messages"][0]["content"][0]["text"].split("[Prompt]\n")[1][0]: b["messages"][0]["content"]
              for b in server.seen}  # fmt: skip
     for v in verdicts:

@@ -491,3 +491,48 @@ def test_pixel_budget_is_checked_from_png_headers_before_decoding(monkeypatch):
         with pytest.raises(RewardServerError, match=r"HTTP 400: images\[0\] is not .*too large to decode"):
             post_json(url, {"images": [png], "prompts": ["1"]}, retries=3, **FAST)
         assert server.health()["requests"] == 1
+
+
+class TrickleHandler(JSONHandler):
+    """Answers every request slowly or hugely: `/trickle` one byte of a JSON reply every 0.2 s, `/huge` 20 MB of
+    reply, `/garbage` bytes that are no JSON."""
+
+    requests = 0
+
+    def do_POST(self):
+        TrickleHandler.requests += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        data = {"/trickle": b'{"scores": [1.0]}', "/huge": b'{"x": "' + b"y" * (20 << 20) + b'"}',
+                "/garbage": b"\xff\xfe\x00<html>"}[self.path]  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            if self.path == "/trickle":
+                for byte in data:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            else:
+                self.wfile.write(data)
+        except OSError:  # the client hung up, as it should
+            pass
+
+
+def test_every_client_call_has_a_whole_request_deadline_and_a_reply_cap():
+    """post_json (which the reward client, the VLM rewards, geneval and the judge all call) bounds an attempt as a
+    whole: an endpoint sending one byte every 0.2 s is cut off at the timeout and retried, not waited on for as long
+    as it keeps sending (420 s on one geneval request before). A reply over max_reply fails at once, read no further;
+    a reply that is no JSON names the URL."""
+    TrickleHandler.requests = 0
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), TrickleHandler)) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        start = time.monotonic()
+        with pytest.raises(RewardServerError, match=r"/trickle: no answer after 2 attempts.*longer than .* 1 s"):
+            post_json(f"{url}/trickle", {}, timeout=1.0, retries=1, **FAST)
+        assert time.monotonic() - start < 4 and TrickleHandler.requests == 2  # 3.4 s for one reply, twice
+        with pytest.raises(RewardServerError, match=r"/huge: the reply is larger than 1048576 bytes"):
+            post_json(f"{url}/huge", {}, max_reply=1 << 20, retries=3, **FAST)
+        assert TrickleHandler.requests == 3  # not retried
+        with pytest.raises(RewardServerError, match=r"/garbage: the reply is not JSON"):
+            post_json(f"{url}/garbage", {}, retries=3, **FAST)

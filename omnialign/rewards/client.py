@@ -45,11 +45,32 @@ class RewardServerError(RuntimeError):
     """An endpoint refused a request (4xx) or stayed unreachable after the retries."""
 
 
-def _server_message(response: httpx2.Response) -> str:
+def _server_message(response: httpx2.Response, body: bytes) -> str:
     try:
-        return str(response.json()["error"])
+        return str(json.loads(body)["error"])
     except (ValueError, KeyError, TypeError):
-        return response.text[:500] or response.reason_phrase
+        return body[:500].decode("utf-8", "replace") or response.reason_phrase
+
+
+class _Deadline(httpx2.TimeoutException):
+    """The whole request took longer than its timeout (an endpoint trickling its reply)."""
+
+
+def _request(method: str, url: str, data: bytes | None, headers: dict, timeout: float, max_reply: int):
+    """One request whose reply is read within `timeout` seconds in all (not per read) and up to `max_reply` bytes:
+    (response, its body)."""
+    deadline = time.monotonic() + timeout
+    with _CLIENT.stream(method, url, content=data, headers=headers, timeout=timeout) as response:
+        body = bytearray()
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > max_reply:
+                raise RewardServerError(f"{url}: the reply is larger than {max_reply} bytes (HTTP "
+                                        f"{response.status_code}); an endpoint that ignores max_tokens, or the wrong "
+                                        "URL")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise _Deadline(f"the reply took longer than the request's {timeout:g} s")
+        return response, bytes(body)
 
 
 def post_json(
@@ -60,8 +81,11 @@ def post_json(
     retries: int = 5,
     backoff: float = 0.5,
     max_backoff: float = 30.0,
+    max_reply: int = 16 << 20,
 ) -> dict:
-    """POST `body` as JSON (GET when it is None) and return the decoded reply, retrying as above."""
+    """POST `body` as JSON (GET when it is None) and return the decoded reply, retrying as above. `timeout` bounds
+    each attempt as a whole (an endpoint sending one byte at a time is cut off there and retried); a reply over
+    `max_reply` bytes fails at once, unread beyond that."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     if token:
@@ -70,8 +94,7 @@ def post_json(
     for attempt in range(retries + 1):
         retry_after = 0.0
         try:
-            response = _CLIENT.request("GET" if data is None else "POST", url, content=data, headers=headers,
-                                       timeout=timeout)  # fmt: skip
+            response, reply = _request("GET" if data is None else "POST", url, data, headers, timeout, max_reply)
         except httpx2.TransportError as e:  # refused, reset, timed out, cut short
             cause = e
             while (inner := cause.__cause__ or cause.__context__) is not None:  # down to the socket's own error,
@@ -79,8 +102,11 @@ def post_json(
             error = f"{type(cause).__name__}: {cause}"
         else:
             if response.status_code < 400:
-                return response.json()
-            message = _server_message(response)
+                try:
+                    return json.loads(reply)
+                except ValueError:
+                    raise RewardServerError(f"{url}: the reply is not JSON: {reply[:300]!r}") from None
+            message = _server_message(response, reply)
             if response.status_code != 429 and response.status_code < 500:
                 raise RewardServerError(f"{url}: HTTP {response.status_code}: {message}")
             error = f"HTTP {response.status_code}: {message}"
