@@ -351,6 +351,7 @@ LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "distill")
 LOGGERS = ("tensorboard", "wandb", "trackio", "swanlab", "mlflow")
+VIDEO_ARCHS = ("wan", "glyphs_video")  # the architectures that read model.frames
 """trainer.loggers choices; each is also the name of its Python module and of its package's extra."""
 
 
@@ -519,6 +520,16 @@ def validate(config: Config) -> Config:
         (config.trainer.keep_last >= 0,
          f"trainer.keep_last={config.trainer.keep_last} must be >= 0 (the newest checkpoints kept; 0 keeps all)"),
         (config.trainer.total_steps >= 1, f"trainer.total_steps={config.trainer.total_steps} must be at least 1"),
+        (len(set(config.trainer.loggers)) == len(config.trainer.loggers),
+         f"trainer.loggers={config.trainer.loggers} names a tracker twice (every scalar would be logged twice)"),
+        (config.reward.gold is None or config.reward.gold not in config.reward.weights,
+         f"reward.gold={config.reward.gold!r} is also a trained reward (reward.weights={config.reward.weights}): a "
+         "gold judge must be one that no recipe trains on; name another reward or set reward.gold=null"),
+        (config.generation.decoder in ("static", "transformers"),
+         f"generation.decoder={config.generation.decoder!r}: choose static or transformers"),
+        (config.model.frames == ModelConfig.frames or config.model.arch in VIDEO_ARCHS,
+         f"model.frames={config.model.frames}: model.arch={config.model.arch} draws images, not videos, and "
+         f"ignores it (video architectures: {', '.join(VIDEO_ARCHS)}); leave it out"),
         *[(name in LOGGERS, f"trainer.loggers={config.trainer.loggers}: {name!r} is not one of {', '.join(LOGGERS)}")
           for name in config.trainer.loggers],
         *[(importlib.util.find_spec(name) is not None,
@@ -553,7 +564,6 @@ def _language_checks(config: Config) -> list[tuple[bool, str]]:
         (0 < g.top_p <= 1, f"generation.top_p={g.top_p} must be in (0, 1]"),
         (g.top_k >= 0, f"generation.top_k={g.top_k} must be >= 0 (0 disables it)"),
         (g.micro_batch_size >= 1, f"generation.micro_batch_size={g.micro_batch_size} must be at least 1"),
-        (g.decoder in ("static", "transformers"), f"generation.decoder={g.decoder!r}: choose static or transformers"),
         (al.aggregation in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
          f"algorithm.aggregation={al.aggregation!r}: choose token-mean, seq-mean-token-mean or seq-mean-token-sum"),
         (al.kl_estimator in ("k1", "k3"), f"algorithm.kl_estimator={al.kl_estimator!r}: choose k1 or k3"),

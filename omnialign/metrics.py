@@ -4,9 +4,11 @@ Metric values arrive as tensors and are brought to the host together, once per s
 """
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -99,9 +101,9 @@ class MetricsLog:
         self.total_steps = config.trainer.total_steps
         ids_path = Path(run_dir) / IDS
         ids = json.loads(ids_path.read_text()) if ids_path.exists() else {}
-        self.trackers = [SINKS[name](Path(run_dir), config.trainer.project, config.name, to_dict(config), ids.get(name))
-                         for name in config.trainer.loggers]  # fmt: skip
-        ids.update({name: t.id for name, t in zip(config.trainer.loggers, self.trackers) if t.id is not None})
+        self.trackers = {name: SINKS[name](Path(run_dir), config.trainer.project, config.name, to_dict(config),
+                                           ids.get(name)) for name in config.trainer.loggers}  # fmt: skip
+        ids.update({name: t.id for name, t in self.trackers.items() if t.id is not None})
         if ids:
             write_atomic(ids_path, json.dumps(ids, indent=2))
 
@@ -112,12 +114,24 @@ class MetricsLog:
         echo: Callable[[str], None] = print,
         images: dict[str, Path] | None = None,
     ) -> None:
-        """Record a step's scalars; `images` ({key: PNG path}, e.g. the validation grid) go to the trackers."""
+        """Record a step's scalars (NaN and infinities as null, so that every line is JSON); `images` ({key: PNG
+        path}, e.g. the validation grid) go to the trackers."""
+        record = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
         with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
-        for tracker in self.trackers:
-            tracker.log(step, metrics, images or {})
+            f.write(json.dumps({"step": step, **record}, allow_nan=False) + "\n")
+        for name, tracker in list(self.trackers.items()):
+            self.guarded(name, "log", partial(tracker.log, step, metrics, images or {}))
         echo(summary_line(step, self.total_steps, metrics))
+
+    def guarded(self, name: str, what: str, call: Callable[[], None]) -> None:
+        """Run a tracker's call; a tracker that raises (any error of a third-party library) is switched off with a
+        warning, and the run goes on: metrics.jsonl, not a tracker, is the record."""
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - a tracker must never take a run down
+            del self.trackers[name]
+            print(f"WARNING: trainer.loggers: {name} failed to {what} ({type(e).__name__}: {e}); it is switched "
+                  "off for the rest of this run, and metrics.jsonl keeps every step")  # fmt: skip
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (a resumed run redoes them), and a last line a crash cut short;
@@ -127,8 +141,8 @@ class MetricsLog:
             write_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def close(self) -> None:
-        for tracker in self.trackers:
-            tracker.close()
+        for name, tracker in list(self.trackers.items()):
+            self.guarded(name, "close", tracker.close)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -190,13 +204,13 @@ def plot_curves(records: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, style in [("reward/mean", "-"), ("val/reward/mean", "o-")]:
-        points = [(r["step"], r[key]) for r in records if key in r]
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points), style, label=key, markersize=3)
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
-    div = [(r["step"], r["val/diversity"]) for r in records if "val/diversity" in r]
+    div = [(r["step"], r["val/diversity"]) for r in records if r.get("val/diversity") is not None]
     if div:
         ax2 = ax.twinx()
         ax2.plot(*zip(*div), "s--", color="gray", label="val/diversity", markersize=3)

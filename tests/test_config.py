@@ -66,6 +66,10 @@ def test_missing_equals_sign():
         ("algorithm.clip_range=inf", "algorithm.clip_range=inf: must be a finite number"),
         ("rollout.kind=cps", "rollout.window_end <= 9"),
         ("algorithm.ref_update_every=10", "ref_update_every=10: .*online_dpo only .not flowgrpo"),
+        ("reward.gold=glyph_ocr", "reward.gold='glyph_ocr' is also a trained reward"),
+        ("generation.decoder=foo", "generation.decoder='foo': choose static or transformers"),
+        ("model.frames=17", "model.frames=17: model.arch=glyphs draws images, not videos, and ignores it"),
+        ("trainer.loggers=tensorboard,tensorboard", "names a tracker twice"),
     ],
 )
 def test_validate_rejects_inconsistent_values(item, message):

@@ -206,3 +206,10 @@ def test_decompression_bombs_fail_naming_the_row_and_the_prompt(tmp_path, monkey
                      tmp_path / "out.parquet")  # fmt: skip
     with pytest.raises(ValueError, match=r"prompt 'x': source 0 .*rgb.png.* is too large to decode"):
         source_images({"sources": [str(files["rgb.png"])]}, "prompt 'x'")
+
+
+@pytest.mark.parametrize("tensor", [torch.zeros(32, 32), torch.zeros(4, 8, 8), torch.zeros(3, 8, 8, dtype=torch.uint8)])
+def test_tensor_sources_of_the_wrong_shape_or_type_fail_naming_the_prompt(tensor):
+    """Sources given as tensors through the Python API are checked as files are: (C, H, W) float, C = 1 or 3."""
+    with pytest.raises(ValueError, match=r"prompt 3: source 1 is a torch\.\w+ tensor of shape .*\(C, H, W\) float"):
+        source_images({"sources": [torch.zeros(1, 8, 8), tensor]}, "prompt 3")

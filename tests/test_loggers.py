@@ -194,3 +194,54 @@ def test_loggers_are_checked_before_anything_loads(monkeypatch):
         validate(config)
     config.trainer.loggers = [n for n in LOGGERS if n != "wandb" and find_spec(n)]
     validate(config)
+
+
+def test_a_failing_tracker_is_switched_off_and_the_run_finishes(tmp_path, monkeypatch, capsys):
+    """A tracker that raises while logging (here at step 2) or at close warns and is switched off: the run goes
+    on, saves every checkpoint and writes its summary, and metrics.jsonl keeps every step (before, a raise in
+    `log` killed the run before that step's checkpoint and one in `close` turned a finished run into exit 1)."""
+    from omnialign import metrics, trackers
+
+    class Flaky(trackers.TensorBoard):
+        def log(self, step, values, images):
+            if step == 2:
+                raise ConnectionError("tracker server went away")
+            super().log(step, values, images)
+
+    class FailsAtClose(trackers.TensorBoard):
+        def close(self):
+            raise RuntimeError("cannot finish")
+
+    monkeypatch.setitem(metrics.SINKS, "tensorboard", Flaky)
+    config = validate(
+        apply_overrides(
+            RECIPES["glyphs"](),
+            [*SMALL, f"trainer.output_dir={tmp_path}", "trainer.total_steps=3", "trainer.loggers=tensorboard"],
+        )
+    )
+    summary = main(config)
+    assert summary["steps"] == 3 and (tmp_path / "glyphs" / "summary.json").exists()
+    assert [r["step"] for r in read_metrics(tmp_path / "glyphs" / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert "tensorboard failed to log (ConnectionError: tracker server went away); it is switched off" in (
+        capsys.readouterr().out
+    )
+    monkeypatch.setitem(metrics.SINKS, "tensorboard", FailsAtClose)
+    summary = main(apply_overrides(config, [f"trainer.output_dir={tmp_path / 'b'}"]))
+    assert summary["steps"] == 3 and "tensorboard failed to close (RuntimeError: cannot finish)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_metrics_jsonl_holds_json_for_nan_and_infinity(tmp_path):
+    """A NaN or infinite metric is written as null: every line parses as strict JSON (bare NaN is not JSON)."""
+    from omnialign.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path, validate(RECIPES["glyphs"]()))
+    log.log(1, {"actor/loss": float("nan"), "reward/mean": float("inf"), "actor/lr": 1e-4}, echo=lambda line: None)
+
+    def strict(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    line = (tmp_path / "metrics.jsonl").read_text()
+    assert json.loads(line, parse_constant=strict) == {"step": 1, "actor/loss": None, "reward/mean": None,
+                                                       "actor/lr": 1e-4}  # fmt: skip

@@ -112,6 +112,9 @@ def source_images(meta: dict, where: str = "prompt") -> list[torch.Tensor]:
     images = []
     for i, source in enumerate(meta["sources"]):
         if isinstance(source, torch.Tensor):
+            if source.dim() != 3 or source.shape[0] not in (1, 3) or not source.is_floating_point():
+                raise ValueError(f"{where}: source {i} is a {source.dtype} tensor of shape {tuple(source.shape)}; "
+                                 "a source tensor is (C, H, W) float with C = 1 or 3, values in [0, 1]")  # fmt: skip
             images.append(source)
             continue
         name = source if isinstance(source, str) else f"{len(source)} bytes"

@@ -56,6 +56,11 @@ def record(trainer, step: int, metrics: dict[str, torch.Tensor], key: str, valid
             plot_curves(read_metrics(trainer.log.path), trainer.run_dir / "reward_curve.png")
 
 
+def number(value: float | None) -> str:
+    """A metric for a summary line; None is a NaN or infinity that metrics.jsonl holds as null."""
+    return "nan" if value is None else f"{value:.3f}"
+
+
 def summarise(trainer, key: str) -> dict:
     """{metric, steps, val_before, val_after (of `key`), NAME_before / NAME_after of every val/ metric, skipped and
     applied updates, and the steps in which each optional reward failed}. A run whose every update was skipped
@@ -69,17 +74,26 @@ def summarise(trainer, key: str) -> dict:
     summary = {"metric": key, "steps": last["step"], "val_before": first[key], "val_after": last[key],
                "skipped_updates": sum(r.get("actor/skipped_updates", 0) for r in records),
                "updates": sum(r.get("actor/updates", 0) for r in records),
+               "steps_without_update": sum(r.get("actor/grad_norm") == 0 for r in records),
                "failed_rewards": {name: sum(name in failed_rewards(r) for r in records)
                                   for name in trainer.config.reward.optional}}  # fmt: skip
     changes = []
     for name in sorted(k for k in last if k.startswith("val/") and k in first):
         summary[f"{name}_before"], summary[f"{name}_after"] = first[name], last[name]
         if name != key and not name.endswith("std"):
-            changes.append(f"{name.removeprefix('val/')} {first[name]:.3f} -> {last[name]:.3f}")
+            changes.append(f"{name.removeprefix('val/')} {number(first[name])} -> {number(last[name])}")
     (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     detail = f" ({', '.join(changes)})" if changes else ""
-    print(f"{key}: {first[key]:.3f} before -> {last[key]:.3f} after {last['step']} steps{detail}; "
+    print(f"{key}: {number(first[key])} before -> {number(last[key])} after {last['step']} steps{detail}; "
           f"outputs in {trainer.run_dir}")  # fmt: skip
+    trained = sum("actor/grad_norm" in r for r in records)
+    if summary["steps_without_update"]:
+        print(f"{summary['steps_without_update']} of {trained} steps had nothing to learn (a zero gradient, e.g. "
+              "online DPO pairs that were all ties) and took no optimizer step")  # fmt: skip
+        if summary["steps_without_update"] == trained:
+            raise RuntimeError(f"no step of {trainer.run_dir} had anything to learn: every gradient was 0, so nothing "
+                               "was trained (online DPO: algorithm.dpo_min_gap="
+                               f"{trainer.config.algorithm.dpo_min_gap} above every pair's reward gap?)")  # fmt: skip
     for name, steps in summary["failed_rewards"].items():
         if steps:
             print(f"WARNING: optional reward {name} failed in {steps} of {len(records)} steps and scored 0 there")
