@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from PIL import Image
 
 from omnialign.cli import main
 from omnialign.data.prompts import read_prompt_file, source_images
-from omnialign.prepare.edit import prepare_edit
+from omnialign.prepare.edit import parse_size, prepare_edit
 
 
 def pixels(path: Path) -> torch.Tensor:
@@ -213,3 +214,28 @@ def test_tensor_sources_of_the_wrong_shape_or_type_fail_naming_the_prompt(tensor
     """Sources given as tensors through the Python API are checked as files are: (C, H, W) float, C = 1 or 3."""
     with pytest.raises(ValueError, match=r"prompt 3: source 1 is a torch\.\w+ tensor of shape .*\(C, H, W\) float"):
         source_images({"sources": [torch.zeros(1, 8, 8), tensor]}, "prompt 3")
+
+
+def test_prepare_edit_refuses_ambiguous_inputs_and_cleans_up_after_a_killed_run(tmp_path):
+    """The input as OUT would be replaced; a column or key given twice would silently keep the last; a CSV saved by
+    Excel ("CSV UTF-8", with a byte-order mark) is read; --size has an upper bound; the temporary file a killed run
+    left (its process gone) is removed by the next run, a live run's is not."""
+    write_images(tmp_path)
+    parquet = write_input(tmp_path, "parquet", ROWS[:1])
+    with pytest.raises(ValueError, match="is also the input: writing it would replace the dataset"):
+        prepare_edit(parquet, parquet)
+    (tmp_path / "twice.csv").write_text("instruction,source,source\nx,imgs/rgb.png,imgs/gray.png\n")
+    with pytest.raises(ValueError, match=r"twice.csv: the header names columns \['source'\] more than once"):
+        prepare_edit(tmp_path / "twice.csv", tmp_path / "o.parquet")
+    (tmp_path / "twice.jsonl").write_text('{"instruction": "x", "source": "imgs/rgb.png", "source": "imgs/gray.png"}\n')
+    with pytest.raises(ValueError, match=r"twice.jsonl:1: not JSON \(keys \['source'\] appear more than once"):
+        prepare_edit(tmp_path / "twice.jsonl", tmp_path / "o.parquet")
+    (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbfinstruction,source\nx,imgs/rgb.png\n")
+    assert prepare_edit(tmp_path / "excel.csv", tmp_path / "o.parquet")["rows"] == 1
+    with pytest.raises(ValueError, match=r"--size '100000x10': .* each 1 to 8192"):
+        parse_size("100000x10")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale, live = tmp_path / f".o.parquet.{dead.stdout.strip()}.tmp", tmp_path / f".o.parquet.{os.getppid()}.tmp"
+    stale.write_bytes(b"half a parquet"), live.write_bytes(b"another run's")
+    prepare_edit(tmp_path / "excel.csv", tmp_path / "o.parquet")
+    assert not stale.exists() and live.exists()

@@ -44,13 +44,15 @@ INPUT_TYPES = (".jsonl", ".json", ".csv", ".parquet")
 COLUMNS = ("instruction", "prompt", "source", "sources", "target_text", "reference", "mask")
 IMAGE_FIELDS = ("reference", "mask")  # one image each, stored or referenced as the sources are
 GROUP_ROWS = 256  # rows decoded and written at a time
+MAX_SIDE = 8192  # of --size: a side beyond it is a typo, not an editing dataset
 
 
 def parse_size(text: str) -> tuple[int, int]:
     """`--size WxH` as (width, height); ValueError naming the value otherwise."""
     width, _, height = text.lower().partition("x")
-    if not (width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
-        raise ValueError(f"--size {text!r}: give the width and height in pixels as WxH, e.g. 512x512")
+    if not (width.isdigit() and height.isdigit() and 0 < int(width) <= MAX_SIDE and 0 < int(height) <= MAX_SIDE):
+        raise ValueError(f"--size {text!r}: give the width and height in pixels as WxH, each 1 to {MAX_SIDE}, "
+                         "e.g. 512x512")  # fmt: skip
     return int(width), int(height)
 
 
@@ -63,8 +65,11 @@ def read_rows(path: Path) -> list[tuple[dict, str]]:
     if path.suffix == ".parquet":
         return [(row, f"{path} row {i}") for i, row in enumerate(pq.read_table(path).to_pylist())]
     if path.suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's "CSV UTF-8" starts with a BOM
             reader = csv.DictReader(f, restkey="(cells beyond the header)")
+            twice = sorted({name for name in reader.fieldnames or [] if reader.fieldnames.count(name) > 1})
+            if twice:
+                raise ValueError(f"{path}: the header names columns {twice} more than once; keep one of each")
             rows = []
             for row in reader:
                 row = {key: value or None for key, value in row.items()}  # an empty cell: no value
@@ -77,17 +82,26 @@ def read_rows(path: Path) -> list[tuple[dict, str]]:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append((json.loads(line), f"{path}:{number}"))
+                    rows.append((json.loads(line, object_pairs_hook=_unique_keys), f"{path}:{number}"))
                 except ValueError as e:
                     raise ValueError(f"{path}:{number}: not JSON ({e}): {line!r:.200}") from None
         return rows
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except ValueError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of objects (one per edit), got {type(data).__name__}")
     return [(item, f"{path} item {i}") for i, item in enumerate(data)]
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict; ValueError for a key given twice (json would keep the last silently)."""
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"keys {twice} appear more than once in one object; keep one of each")
+    return dict(pairs)
 
 
 def _one_of(row: dict, names: tuple[str, str], where: str) -> tuple[str, object]:
@@ -150,6 +164,17 @@ def load_image(path: Path, field: str, where: str) -> Image.Image:
         raise ValueError(f"{e}; replace the file or drop the row") from None
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process of this id runs (a temporary file of a live run is left alone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def prepare_edit(
     input_path: str | Path, out: str | Path, store_images: bool = True, size: tuple[int, int] | None = None
 ) -> dict[str, int]:
@@ -158,6 +183,8 @@ def prepare_edit(
     input_path, out = Path(input_path), Path(out)
     if out.suffix != ".parquet":
         raise ValueError(f"{out}: the output is a prompt parquet; name it NAME.parquet")
+    if out.resolve() == input_path.resolve():
+        raise ValueError(f"{out} is also the input: writing it would replace the dataset; choose another OUT")
     if size is not None and not store_images:
         raise ValueError("--size resizes stored images, and --reference-images keeps the files as they are: "
                          "drop --size or store the images")  # fmt: skip
@@ -186,6 +213,10 @@ def prepare_edit(
         counts["image_bytes"] += buffer.tell()
         return buffer.getvalue()
 
+    for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a killed run, whose process is gone
+        pid = stale.name.removeprefix(f".{out.name}.").removesuffix(".tmp")
+        if pid.isdigit() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with pq.ParquetWriter(tmp, schema) as writer:
