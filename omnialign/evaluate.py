@@ -23,7 +23,6 @@ from omnialign.data.language import cap_by_modality
 from omnialign.data.prompts import load_prompt_set
 from omnialign.rewards.base import from_png
 from omnialign.rewards.geneval import geneval, requirements
-from omnialign.rewards.vlm import served_model
 from omnialign.worlds.glyphs.data import ASSETS
 
 
@@ -79,14 +78,13 @@ def run_scores(items: list[dict], files: dict[str, Path], stage: str, url: str |
     done = judge.read_cache(path)
     todo = [it for it in items if judge.key(it) not in done]
     generation = json.loads(files["settings"].read_text())[stage]
+    api, model = judge.judge_endpoint(url, model, files["settings"], "geneval")
     settings = {"judge_model": model, "images": stage, "generation": generation}
     judge.record_settings(files["settings"], "geneval", settings, path, cached=bool(done))
     print(f"geneval: {len(items) - len(todo)} of {len(items)} images scored in {path}")
     if todo:
-        if url is None:
+        if api is None:
             raise ValueError(f"--judge-url: {len(todo)} images wait for scores; give an OpenAI-compatible endpoint")
-        api = judge.chat_url(url)
-        model = model or served_model(api)
         images = judge.read_cache(files[stage])
 
         def score(it: dict) -> dict:

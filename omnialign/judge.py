@@ -131,6 +131,17 @@ def read_cache(path: Path) -> dict[tuple, dict]:
     return rows
 
 
+def judge_endpoint(url: str | None, model: str | None, settings: Path, stage: str) -> tuple[str | None, str | None]:
+    """(API base, judge model) of a stage: the model named, else the one the endpoint serves, so that the settings
+    record it and a resume against an endpoint serving another model is refused; without an endpoint (nothing left
+    to ask), the model the stage recorded."""
+    if url is None:
+        known = json.loads(settings.read_text()) if settings.exists() else {}
+        return None, model or known.get(stage, {}).get("judge_model")
+    api = chat_url(url)
+    return api, model or served_model(api)
+
+
 def record_settings(path: Path, stage: str, settings: dict, cache: Path, cached: bool) -> None:
     """Write a stage's settings to NAME.settings.json; a stage with cached results must keep its settings."""
     settings = json.loads(json.dumps(settings))
@@ -573,14 +584,13 @@ def run_judge(items: list[dict], files: dict[str, Path], url: str | None, model:
     path = files["judge"]
     done = read_cache(path)
     todo = [it for it in items if key(it) not in done]
+    api, model = judge_endpoint(url, model, files["settings"], "judge")
     settings = {"judge_model": model, "seed": seed, "judge_media": sorted(sent)}
     record_settings(files["settings"], "judge", settings, path, cached=bool(done))
     print(f"judge: {len(items) - len(todo)} of {len(items)} verdicts cached in {path}")
     if todo:
-        if url is None:
+        if api is None:
             raise ValueError("--stage judge needs --judge-url (an OpenAI-compatible endpoint)")
-        api = chat_url(url)
-        model = model or served_model(api)
         ask = lambda it: judge_item(it, caches["reference"][key(it)], caches["trained"][key(it)], api, model, seed,
                                     path.parent, sent)  # fmt: skip
         append_in_order(path, todo, ask, concurrency, "judge")

@@ -47,9 +47,10 @@ class VLM(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, truth, fail_at=None):
+    def __init__(self, truth, fail_at=None, model="stub-vlm"):
         super().__init__(("127.0.0.1", 0), Handler)
         self.truth, self.fail_at, self.seen, self.bodies, self.lock = truth, fail_at, [], [], threading.Lock()
+        self.model = model  # the model /v1/models lists
 
     @property
     def url(self) -> str:
@@ -60,7 +61,7 @@ class Handler(JSONHandler):
     server: VLM
 
     def do_GET(self):
-        self.answer(200 if self.path == "/v1/models" else 404, {"object": "list", "data": [{"id": "stub-vlm"}]})
+        self.answer(200 if self.path == "/v1/models" else 404, {"object": "list", "data": [{"id": self.server.model}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -80,8 +81,8 @@ class Handler(JSONHandler):
 
 
 @contextmanager
-def vlm(truth, fail_at=None):
-    with serving(VLM(truth, fail_at)) as server:
+def vlm(truth, fail_at=None, model="stub-vlm"):
+    with serving(VLM(truth, fail_at, model)) as server:
         yield server
 
 
@@ -229,6 +230,11 @@ def test_eval_resumes_and_refuses_other_settings(tmp_path):
         run(judge_url=server.url)
     first = [json.loads(line) for line in files["judge"].read_text().splitlines()]
     assert [(r["index"], r["sample"]) for r in first] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    # resumed against an endpoint that now serves another model: refused, not mixed into one file
+    with vlm(truth, model="another-vlm") as server:
+        with pytest.raises(ValueError, match="judge_model.*'cached': 'stub-vlm', 'now': 'another-vlm'"):
+            run(judge_url=server.url)
+        assert server.seen == []
     with vlm(truth) as server:
         summary = run(judge_url=server.url)
     scored = {pixels_key((out.parent / r["image"]).read_bytes()) for r in first}
@@ -249,7 +255,7 @@ def test_eval_resumes_and_refuses_other_settings(tmp_path):
     # a rerun asks nothing; other settings on cached results are refused, naming what changed
     with vlm(truth) as server:
         assert run(judge_url=server.url) == summary and server.seen == []
-        with pytest.raises(ValueError, match="judge_model.*'cached': None, 'now': 'other'"):
+        with pytest.raises(ValueError, match="judge_model.*'cached': 'stub-vlm', 'now': 'other'"):
             run(judge_url=server.url, judge_model="other")
     with pytest.raises(ValueError, match="val_steps.*'cached': 3, 'now': 4"):
         evaluate.main(str(meta), out, seeds=2, overrides=["rollout.val_steps=4"])
