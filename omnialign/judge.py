@@ -329,8 +329,9 @@ def is_image(config: Config) -> bool:
 
 
 def item_seed(seed: int, item: dict) -> int:
-    """The noise seed of an item's image: the same for the base and the trained model."""
-    return int(hashlib.sha1(f"{seed}/{item['file']}/{item['index']}".encode()).hexdigest()[:12], 16)
+    """The noise seed of an item's image: the same for the base and the trained model, another for another prompt
+    (two data files of one name)."""
+    return int(hashlib.sha1(f"{seed}/{item['file']}/{item['index']}/{item['uid']}".encode()).hexdigest()[:12], 16)
 
 
 def trained_first(seed: int, item: dict) -> bool:
@@ -363,7 +364,8 @@ def answer(policy, items: list[dict], config: Config, device: torch.device, fold
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for it, image in zip(items, images):
-        path = folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', it['file'])}-{it['index']:06d}.png"
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{it['file']}-{it['index']:06d}-{it['uid']}")  # uid: one per prompt
+        path = folder / f"{name}.png"
         to_pil(image).save(path)
         rows.append({"image": str(path.relative_to(folder.parent))})
     return rows

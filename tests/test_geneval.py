@@ -276,3 +276,21 @@ def test_cli_in_a_subprocess(tmp_path):
                                                                          "position": 1, "colors": 1}  # fmt: skip
     assert "score (mean over tags): 0.7500" in run.stdout
     assert re.search(r"counting\s+1\s+0\s+0\.000\s+0\.500\s+0", run.stdout)
+
+
+def test_two_data_files_of_one_name_share_no_image_and_no_noise(tmp_path):
+    """a/meta.jsonl and b/meta.jsonl into one --out: each prompt keeps its own cached image and its own noise (before,
+    the second file's images overwrote the first's, and prompt "0" was scored on the image drawn for "5")."""
+    out = tmp_path / "eval" / "g.jsonl"
+    for folder, digit in (("a", "0"), ("b", "5")):
+        (tmp_path / folder).mkdir()
+        meta = {"tag": "single_object", "include": [{"class": digit, "count": 1}], "prompt": digit}
+        (tmp_path / folder / "meta.jsonl").write_text(json.dumps(meta) + "\n")
+    images = {}
+    for folder in ("a", "b"):
+        with pytest.raises(ValueError, match="--judge-url: 1 images wait for scores"):
+            evaluate.main(str(tmp_path / folder / "meta.jsonl"), out, seeds=1, overrides=["rollout.val_steps=3"])
+        rows = [json.loads(line) for line in judge.stage_files(out)["reference"].read_text().splitlines()]
+        images[folder] = {r["question"]: (out.parent / r["image"]).read_bytes() for r in rows}
+    assert list(images["a"]) == ["0"] and list(images["b"]) == ["0", "5"]
+    assert images["b"]["0"] == images["a"]["0"] and images["b"]["5"] != images["a"]["0"]
