@@ -42,7 +42,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from omnialign.config import Config, apply_overrides
+from omnialign.config import VIDEO_ARCHS, Config, apply_overrides
 from omnialign.data.language import MEDIA_KINDS, cap_by_modality, read_records
 from omnialign.data.prompts import load_prompt_set
 from omnialign.engine import checkpoint, dist
@@ -233,6 +233,9 @@ def build_config(base: str | None, adapter: tuple[str, Path] | None, overrides: 
     config = apply_overrides(config, overrides)
     if config.model.arch not in LOADERS:
         raise ValueError(f"model.arch={config.model.arch!r}: choose one of {sorted(LOADERS)}")
+    if config.model.arch in VIDEO_ARCHS:
+        raise ValueError(f"model.arch={config.model.arch} draws videos, and judge and eval geneval compare images or "
+                         "texts: judge a video model's runs by its validation metrics (val/*) instead")  # fmt: skip
     return config
 
 

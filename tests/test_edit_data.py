@@ -239,3 +239,12 @@ def test_prepare_edit_refuses_ambiguous_inputs_and_cleans_up_after_a_killed_run(
     stale.write_bytes(b"half a parquet"), live.write_bytes(b"another run's")
     prepare_edit(tmp_path / "excel.csv", tmp_path / "o.parquet")
     assert not stale.exists() and live.exists()
+
+
+@pytest.mark.parametrize("entry", [3, None, {"path": "imgs/rgb.png"}])
+def test_source_entries_that_are_no_path_fail_naming_the_prompt(tmp_path, entry):
+    """A "sources" entry that is a number, null or an object is refused when the prompt file is read, naming the line
+    and the entry (it was an AttributeError later)."""
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "x", "sources": [entry]}) + "\n")
+    with pytest.raises(ValueError, match=r"p.jsonl:1: source 0 is .*; an entry of \"sources\" is an image path"):
+        read_prompt_file(tmp_path / "p.jsonl")

@@ -124,3 +124,22 @@ def test_trainer_refuses_prompts_that_do_not_fit_the_model(recipe, prompts, tmp_
     config = validate(apply_overrides(RECIPES[recipe](), [f"data.prompts={prompts}", f"trainer.output_dir={tmp_path}"]))
     with pytest.raises(ValueError, match="data.prompts=.*prompts have source images"):
         main(config)
+
+
+def test_a_bad_source_among_the_training_prompts_fails_at_the_start_naming_it(tmp_path):
+    """A source that only a training prompt uses, and that is unreadable (a truncated PNG), fails when the trainer
+    starts, naming the prompt and the file, not at the step that first draws it (hours later)."""
+    import json
+
+    from PIL import Image
+
+    Image.fromarray(draw("3", 24, 0, 0, 0)).save(tmp_path / "good.png")
+    (tmp_path / "bad.png").write_bytes((tmp_path / "good.png").read_bytes()[:100])
+    rows = [{"prompt": "7", "sources": ["good.png"]}, {"prompt": "5", "sources": ["good.png"]},
+            {"prompt": "1", "sources": ["bad.png"]}]  # fmt: skip
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = validate(apply_overrides(RECIPES["glyphs_edit"](), [f"data.prompts={tmp_path / 'train.jsonl'}",
+                                                                 f"trainer.output_dir={tmp_path}"]))  # fmt: skip
+    with pytest.raises(ValueError, match=r"data.prompts item 2: source 0 \(.*bad.png\) is not a readable image"):
+        main(config)
+    assert not (tmp_path / "glyphs_edit" / "metrics.jsonl").exists()

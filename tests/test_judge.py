@@ -348,3 +348,10 @@ def test_glyph_images_judged(tmp_path):
     for a, b in zip(trained, lines(tmp_path / "f.trained.jsonl")):
         pixels = [np.asarray(Image.open(tmp_path / row["image"])).astype(int) for row in (a, b)]
         assert np.abs(pixels[0] - pixels[1]).max() <= 1
+
+
+def test_video_models_are_refused_with_a_message():
+    """judge and eval geneval compare images or texts: a video model is refused at the start, not with 'axes don't
+    match array' after drawing."""
+    with pytest.raises(ValueError, match="model.arch=glyphs_video draws videos, and judge and eval geneval compare"):
+        judge.build_config(str(ASSETS), None, ["model.arch=glyphs_video"], 0)

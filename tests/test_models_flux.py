@@ -218,6 +218,9 @@ def test_kontext_sources_must_fit(kontext):
         kontext.encode_prompts(PROMPTS, [[as_tensor(small)], [as_tensor(small)] * 2])
     with pytest.raises(ValueError, match="source counts None"):
         kontext.encode_prompts(PROMPTS)
+    multiple = kontext.vae_scale_factor * 2  # a source thinner than this floors to nothing
+    with pytest.raises(ValueError, match=rf"is \({multiple - 1}, 48\) pixels .*at least {multiple} pixels per side"):
+        kontext.encode_prompts(PROMPTS, [[as_tensor(small)], [as_tensor(small)[:, : multiple - 1]]])
     gray = as_tensor(small)[:1]  # a grayscale source becomes RGB, as PIL's convert("RGB")
     torch.testing.assert_close(kontext.source_pixels(gray), kontext.source_pixels(gray.expand(3, -1, -1)))
 

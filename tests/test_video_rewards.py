@@ -304,3 +304,11 @@ def test_serve_reward_command_serves_clip_temporal_consistency(clip):
         process.kill()
         process.wait()
     assert scores == pytest.approx(temporal_consistency(videos, ["a", "b", "c"], [{}] * 3, path=clip), abs=1e-5)
+
+
+def test_an_image_reward_on_videos_points_at_per_frame():
+    """glyph_ocr given videos (B, F, C, H, W) says to set reward.per_frame (it was a raw conv2d error)."""
+    from omnialign.worlds.glyphs.recognizer import glyph_ocr
+
+    with pytest.raises(ValueError, match=r"'glyph_ocr' scores images .*reward.per_frame=\{\"glyph_ocr\": \"mean\"\}"):
+        glyph_ocr(torch.zeros(2, 4, 1, 32, 32), ["1", "2"], [{}, {}])

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from omnialign.rewards.base import from_png
+from omnialign.rewards.base import check_image, from_png
 from omnialign.worlds.glyphs import EDIT_SETS, PROMPT_SETS
 
 PROMPT_FILE_TYPES = (".txt", ".json", ".jsonl", ".parquet")
@@ -92,7 +92,10 @@ def _source_paths(sources: object, folder: Path, where: str) -> list:
     if not isinstance(sources, (list, tuple)) or not sources:
         raise ValueError(f'{where}: "sources" must be a non-empty list of image paths or bytes, got {sources!r:.200}')
     out = []
-    for source in sources:
+    for i, source in enumerate(sources):
+        if not isinstance(source, (str, bytes)):
+            raise ValueError(f'{where}: source {i} is {source!r:.200}; an entry of "sources" is an image path (a '
+                             "string, relative to the prompt file) or the image's bytes")  # fmt: skip
         if isinstance(source, str):
             source = folder / source
             if not source.is_file():
@@ -101,6 +104,16 @@ def _source_paths(sources: object, folder: Path, where: str) -> list:
             source = str(source)
         out.append(source)
     return out
+
+
+def check_sources(metadata: list[dict], field: str) -> None:
+    """Every prompt's source images readable (`check_image`: headers and checksums, not the pixels), so that a bad
+    one fails at the start of a run, naming its prompt, rather than at the step that first draws it."""
+    for i, meta in enumerate(metadata):
+        for j, source in enumerate(meta.get("sources", [])):
+            if not isinstance(source, torch.Tensor):
+                name = source if isinstance(source, str) else f"{len(source)} bytes"
+                check_image(source, f"{field} item {i}: source {j} ({name:.200})")
 
 
 def source_images(meta: dict, where: str = "prompt") -> list[torch.Tensor]:

@@ -147,6 +147,12 @@ class FluxPolicy:
                 f"FLUX.1-Kontext edits one source image per prompt: got {len(prompts)} prompts and source counts "
                 f'{counts}; give each prompt exactly one image in its "sources"'
             )
+        multiple = self.vae_scale_factor * 2
+        for prompt, (source,) in zip(prompts, sources):
+            if min(source.shape[-2:]) < multiple:
+                raise ValueError(f"FLUX.1-Kontext: the source of prompt {prompt!r:.80} is {tuple(source.shape[-2:])} "
+                                 f"pixels (height, width); its sides are floored to multiples of {multiple}, so it "
+                                 f"would vanish: give sources at least {multiple} pixels per side")  # fmt: skip
         pixels = [self.source_pixels(s[0]) for s in sources]
         sizes = sorted({tuple(p.shape[1:]) for p in pixels})
         if len(sizes) > 1:

@@ -76,6 +76,18 @@ def open_image(source: bytes | str | Path, where: str = "image") -> Image.Image:
         raise ValueError(f"{where} is not a readable image ({e})") from None
 
 
+def check_image(source: bytes | str | Path, where: str = "image") -> None:
+    """`open_image`'s checks without decoding the pixels (the header, Pillow's bomb limit, and for PNG every chunk's
+    checksum): for checking a whole dataset's images at the start of a run."""
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+            image.verify()
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{where} is too large to decode ({e}); send or store smaller images") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ValueError(f"{where} is not a readable image ({e})") from None
+
+
 def from_png(data: bytes | str | Path, where: str = "image") -> torch.Tensor:
     """An image (bytes or file; see `open_image`) as a float tensor (C, H, W) in [0, 1]: C=1 for grayscale, else 3."""
     pixels = torch.from_numpy(np.asarray(open_image(data, where)).copy()).float().div(255)

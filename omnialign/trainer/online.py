@@ -11,7 +11,7 @@ from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
 from omnialign.batch import Trajectory
 from omnialign.config import Config, recomputes_old_log_probs, training_batch
-from omnialign.data.prompts import load_prompt_set, prompts_for_step, source_images
+from omnialign.data.prompts import check_sources, load_prompt_set, prompts_for_step, source_images
 from omnialign.engine import dist
 from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer, diversity, grid_path, save_grid
@@ -71,6 +71,7 @@ class OnlineTrainer:
                 raise ValueError(f"{field}={name!r}: {with_sources} of {len(metadata)} "
                                  f'prompts have source images, but model.arch={config.model.arch} is {kind} "sources"'
                                  " (prompt files with sources come from `omnialign prepare edit`)")  # fmt: skip
+            check_sources(metadata, field)
         self.rewards, self.gold = reward_worker, reward_worker.gold
         self.timer = Timer(sync)
         self.log = MetricsLog(self.run_dir, config) if world.is_main else None

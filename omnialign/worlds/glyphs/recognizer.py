@@ -65,5 +65,8 @@ def glyph_ocr(
 ) -> list[float]:
     """Reward: the recognizer's probability of the prompted string; images (B, 1, H, W) in [0, 1].
     `path`: another recognizer folder (default: the shipped one)."""
+    from omnialign.rewards.base import images_of  # here: omnialign.rewards imports this world
+
+    images = images_of(images, "glyph_ocr")
     recognizer = load_recognizer(path or str(ASSETS / "recognizer"), images.device)
     return recognizer.string_log_prob(images * 2 - 1, prompts).exp().tolist()
