@@ -66,14 +66,14 @@ def test_online_dpo_refreshed_reference_resumes_exactly(lora, tmp_path):
     assert a[1]["actor/loss"] == base[1]["actor/loss"] and base[3]["actor/loss"] != pytest.approx(math.log(2), abs=1e-3)
 
 
-def test_online_dpo_with_every_pair_tied_leaves_the_weights_alone(tmp_path):
+def test_online_dpo_with_every_pair_tied_leaves_the_weights_alone(tmp_path, capsys):
     """algorithm.dpo_min_gap above any reward gap: every pair is dropped, the gradient is 0 and no optimizer step
     is taken, so AdamW's momentum and weight decay do not move the weights (they did before: 6 learning-rate
-    steps of drift over 10 empty steps). A run in which no step had anything to learn ends with an error naming
-    the likely cause, after writing its summary."""
+    steps of drift over 10 empty steps). A run in which no step had anything to learn ends with a warning naming
+    the likely causes, and its summary counts those steps."""
     config = small("glyphs_online_dpo", tmp_path, "trainer.total_steps=2", "algorithm.dpo_min_gap=2")
-    with pytest.raises(RuntimeError, match=r"no step of .* had anything to learn.*dpo_min_gap=2.0 above every"):
-        main(config)
+    main(config)
+    assert "WARNING: no step had anything to learn" in capsys.readouterr().out
     assert json.loads((tmp_path / config.name / "summary.json").read_text())["steps_without_update"] == 2
     records = records_without_timing(tmp_path / config.name)
     assert [r["actor/grad_norm"] for r in records[1:]] == [0.0, 0.0]

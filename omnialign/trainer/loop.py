@@ -86,14 +86,12 @@ def summarise(trainer, key: str) -> dict:
     detail = f" ({', '.join(changes)})" if changes else ""
     print(f"{key}: {number(first[key])} before -> {number(last[key])} after {last['step']} steps{detail}; "
           f"outputs in {trainer.run_dir}")  # fmt: skip
-    trained = sum("actor/grad_norm" in r for r in records)
-    if summary["steps_without_update"]:
-        print(f"{summary['steps_without_update']} of {trained} steps had nothing to learn (a zero gradient, e.g. "
-              "online DPO pairs that were all ties) and took no optimizer step")  # fmt: skip
-        if summary["steps_without_update"] == trained:
-            raise RuntimeError(f"no step of {trainer.run_dir} had anything to learn: every gradient was 0, so nothing "
-                               "was trained (online DPO: algorithm.dpo_min_gap="
-                               f"{trainer.config.algorithm.dpo_min_gap} above every pair's reward gap?)")  # fmt: skip
+    trained, empty = sum("actor/grad_norm" in r for r in records), summary["steps_without_update"]
+    if empty:
+        warning = "WARNING: no step" if empty == trained else f"{empty} of {trained} steps"
+        print(f"{warning} had anything to learn and took no optimizer step (a zero gradient: every reward of each "
+              "prompt's group tied, or online DPO pairs all closer than algorithm.dpo_min_gap="
+              f"{trainer.config.algorithm.dpo_min_gap})")  # fmt: skip
     for name, steps in summary["failed_rewards"].items():
         if steps:
             print(f"WARNING: optional reward {name} failed in {steps} of {len(records)} steps and scored 0 there")
