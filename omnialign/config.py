@@ -351,8 +351,8 @@ LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "distill")
 LOGGERS = ("tensorboard", "wandb", "trackio", "swanlab", "mlflow")
-VIDEO_ARCHS = ("wan", "glyphs_video")  # the architectures that read model.frames
 """trainer.loggers choices; each is also the name of its Python module and of its package's extra."""
+VIDEO_ARCHS = ("wan", "glyphs_video")  # the architectures that read model.frames
 
 
 def flat_fields(cls: type = Config, prefix: str = "") -> dict[str, typing.Any]:

@@ -9,7 +9,8 @@ JSON-serialisable dict per sample; `rewards.score` collects it.
 """
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -60,32 +61,34 @@ def to_png(image: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def open_image(source: bytes | str | Path, where: str = "image") -> Image.Image:
-    """An image file or its bytes (any format Pillow reads), fully decoded, as 8-bit grayscale ("L") from every
-    grayscale mode (16-bit values scaled, not clipped) or RGB from every other mode (alpha dropped): the one
-    decoding of served frames, prompt sources and `prepare edit`. ValueError naming `where` when the data is no
-    readable image or a decompression bomb (more pixels than Pillow's `Image.MAX_IMAGE_PIXELS` allows)."""
+@contextmanager
+def _opened(source: bytes | str | Path, where: str) -> Iterator[Image.Image]:
+    """Pillow's image of a file or its bytes; its errors (and those of the block) as ValueError naming `where`."""
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
-            if image.mode.startswith("I;16"):  # 16 bits per pixel: 65535 is white
-                return Image.fromarray((np.asarray(image).astype(np.float32) / 257).round().astype(np.uint8))
-            return image.convert("L" if image.mode in ("1", "L", "LA", "I", "F") else "RGB")
+            yield image
     except Image.DecompressionBombError as e:
         raise ValueError(f"{where} is too large to decode ({e}); send or store smaller images") from None
     except (OSError, ValueError, SyntaxError) as e:  # Pillow's errors for truncated or unknown data
         raise ValueError(f"{where} is not a readable image ({e})") from None
 
 
+def open_image(source: bytes | str | Path, where: str = "image") -> Image.Image:
+    """An image file or its bytes (any format Pillow reads), fully decoded, as 8-bit grayscale ("L") from every
+    grayscale mode (16-bit values scaled, not clipped) or RGB from every other mode (alpha dropped): the one
+    decoding of served frames, prompt sources and `prepare edit`. ValueError naming `where` when the data is no
+    readable image or a decompression bomb (more pixels than Pillow's `Image.MAX_IMAGE_PIXELS` allows)."""
+    with _opened(source, where) as image:
+        if image.mode.startswith("I;16"):  # 16 bits per pixel: 65535 is white
+            return Image.fromarray((np.asarray(image).astype(np.float32) / 257).round().astype(np.uint8))
+        return image.convert("L" if image.mode in ("1", "L", "LA", "I", "F") else "RGB")
+
+
 def check_image(source: bytes | str | Path, where: str = "image") -> None:
     """`open_image`'s checks without decoding the pixels (the header, Pillow's bomb limit, and for PNG every chunk's
     checksum): for checking a whole dataset's images at the start of a run."""
-    try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
-            image.verify()
-    except Image.DecompressionBombError as e:
-        raise ValueError(f"{where} is too large to decode ({e}); send or store smaller images") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ValueError(f"{where} is not a readable image ({e})") from None
+    with _opened(source, where) as image:
+        image.verify()
 
 
 def from_png(data: bytes | str | Path, where: str = "image") -> torch.Tensor:
