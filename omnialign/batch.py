@@ -49,13 +49,14 @@ class PreferencePairs:
 
 @tensorclass
 class CleanBatch:
-    """Clean samples to train at chosen noise levels (DiffusionNFT). T = training timesteps per sample."""
+    """Clean samples to train at chosen noise levels (DiffusionNFT, AWM). T = training timesteps per sample."""
 
     x0: torch.Tensor  # (B, *latent) float32: clean latents
-    noise: torch.Tensor  # (B, *latent) float32: noise shared by a sample's timesteps
+    noise: torch.Tensor  # NFT (B, *latent): shared by a sample's timesteps; AWM (B, T, *latent): one per timestep
     sigmas: torch.Tensor  # (B, T) float32: training noise levels
     cond: TensorDict  # (B, ...): prompt conditions
     advantages: torch.Tensor  # (B,) float32
+    old_log_probs: torch.Tensor | None = None  # (B, T) float32, AWM: the matching log-probs before the update
 
 
 @tensorclass

@@ -474,6 +474,9 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     if a.name == "nft":
         train = a.nft_timesteps * (3 + backward)  # v, v_old, v_ref forwards + backward of v
         rollout_fwd = r.steps
+    elif a.name == "awm":  # the old log-probs' forward, then v with its backward, and v_ref for the KL
+        train = a.awm_timesteps * (1 + (1 + backward) + (1 if a.kl_coef > 0 else 0))
+        rollout_fwd = r.steps * cfg
     elif a.name == "online_dpo":
         train = 2 * (1 + backward) / r.n * 2  # two pair members per prompt, policy + reference
         rollout_fwd = r.steps * cfg

@@ -163,7 +163,7 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "flowgrpo"
-    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, online_dpo, distill, diffusion_dpo (offline).
+    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, online_dpo, distill, diffusion_dpo (offline).
     Language: grpo, dapo, gspo, opd, dpo (see docs/algorithms.md)."""
     clip_range: float = 1e-4
     """PPO ratio clip epsilon, lower side (and upper unless clip_high is set); tiny for diffusion log-probs."""
@@ -201,6 +201,14 @@ class AlgorithmConfig:
     """DiffusionNFT reference-KL weight kappa (recipes 1e-4); 0 skips the reference forward."""
     nft_timesteps: int = 4
     """DiffusionNFT: training timesteps drawn afresh each step from the rollout schedule."""
+    awm_timesteps: int = 6
+    """AWM: training noise levels per sample and step, one drawn in each of this many equal strata of the
+    rollout's schedule (its first, pure-noise step left out)."""
+    awm_weighting: str = "ghuber"
+    """AWM: how the flow-matching error becomes a log-likelihood surrogate: uniform, t or ghuber (the reference's
+    choice; `awm.matching_log_prob`)."""
+    awm_power: float = 0.25
+    """AWM: the power p of the ghuber weighting."""
     old_schedule: str = "delayed_linear"
     """Refresh of the `old` adapter after each update: copy, or delayed_linear EMA."""
     dpo_beta: float = 0.1
@@ -346,7 +354,7 @@ class ConfigError(ValueError):
     pass
 
 
-DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "online_dpo", "distill", "diffusion_dpo")
+DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "online_dpo", "distill", "diffusion_dpo")
 LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "distill")
@@ -486,6 +494,11 @@ def validate(config: Config) -> Config:
          "with CPS"),
         (r.window_schedule in ("per_sample", "random", "progressive"),
          f"rollout.window_schedule={r.window_schedule!r}: choose per_sample, random or progressive"),
+        (config.algorithm.awm_weighting in ("uniform", "t", "ghuber"),
+         f"algorithm.awm_weighting={config.algorithm.awm_weighting!r}: choose uniform, t or ghuber"),
+        (config.algorithm.name != "awm" or 1 <= config.algorithm.awm_timesteps < r.steps,
+         f"algorithm.awm_timesteps={config.algorithm.awm_timesteps}: 1 to rollout.steps - 1 = {r.steps - 1} (one "
+         "noise level per stratum of the schedule after its first step)"),
         (config.algorithm.name != "nft" or config.model.lora.rank > 0,
          "algorithm.name=nft keeps its old policy in a second LoRA adapter: set model.lora.rank (e.g. 8)"),
         (config.algorithm.name != "distill" or config.algorithm.teacher_path,

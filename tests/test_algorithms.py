@@ -193,3 +193,28 @@ def test_dpo_min_gap_gives_tied_pairs_no_loss():
     loss, metrics, _ = dpo_objective(policy, config, contexts["reference"]).fn(inputs)
     torch.testing.assert_close(loss.cpu(), torch.tensor([1.5 * math.log(2), 0.0, 1.5 * math.log(2)]), atol=1e-3, rtol=0)
     assert metrics["dpo/kept"].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_awm_matching_log_prob_by_hand_and_its_first_update_is_advantage_weighted_matching():
+    """AWM (scxue/advantage_weighted_matching): the log-likelihood surrogate is minus the flow-matching error e =
+    mean((v - (noise - x0))^2), times sigma (t) or generalised-Huber'd (ghuber: ((e + c)^p - c^p) * sigma / p). At the
+    first update the ratio is 1 and the PPO gradient is the advantage-weighted flow-matching loss's, sign included."""
+    from omnialign.algorithms.awm import matching_log_prob
+    from omnialign.algorithms.policy_gradient import ppo_clip
+
+    x0, noise = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[0.0, 1.0], [1.0, 1.0]])
+    v, sigma = torch.tensor([[-1.0, 3.0], [1.0, -1.0]]), torch.tensor([0.5, 0.25])
+    # targets noise - x0 = [[-1, 1], [1, -1]]; errors mean([0, 4]) = 2 and mean([0, 0]) = 0
+    torch.testing.assert_close(matching_log_prob(v, x0, noise, sigma, "uniform"), torch.tensor([-2.0, 0.0]))
+    torch.testing.assert_close(matching_log_prob(v, x0, noise, sigma, "t"), torch.tensor([-1.0, 0.0]))
+    expected = -((2 + 1e-10) ** 0.5 - 1e-5) * 0.5 / 0.5  # p = 0.5: c^p = 1e-5
+    torch.testing.assert_close(matching_log_prob(v, x0, noise, sigma, "ghuber", 0.5), torch.tensor([expected, 0.0]))
+
+    advantages = torch.tensor([1.5, -0.5])
+    v1, v2 = (v.clone().requires_grad_(True) for _ in range(2))
+    lp = matching_log_prob(v1, x0, noise, sigma, "uniform")
+    ppo_clip(lp, lp.detach(), advantages, 1.0, 1.0, None)[0].mean().backward()
+    error = -matching_log_prob(v2, x0, noise, sigma, "uniform")
+    (advantages * error).mean().backward()
+    torch.testing.assert_close(v1.grad, v2.grad)
+    assert v1.grad[0].abs().sum() > 0  # the positive sample is pulled toward its target

@@ -22,7 +22,8 @@ from omnialign.trainer import objectives
 SMALL = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.val_steps=4", "data.val_seeds=1",
          "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
          "actor.mini_batch_size=none"]  # fmt: skip
-FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_online_dpo", "glyphs_distill"]
+FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_online_dpo",
+            "glyphs_distill"]  # fmt: skip
 
 
 def small(name, out, *extra):
@@ -30,6 +31,8 @@ def small(name, out, *extra):
     args = [*SMALL, f"trainer.output_dir={out}", f"actor.micro_batch_size={2 if name.endswith('dpo') else 4}"]
     if config.rollout.window_size:
         args += ["rollout.window_size=2", "rollout.window_end=3"]
+    if config.algorithm.name == "awm":
+        args.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
     return validate(apply_overrides(config, [*args, *extra]))
 
 

@@ -7,6 +7,7 @@
 | dppo | SDE-window transitions | Flow-DPPO: KL trust-region mask instead of clipping |
 | distill | SDE-window transitions | Gaussian KL to a frozen teacher at every stored state |
 | nft | clean samples, fresh timesteps | DiffusionNFT with the `old` adapter |
+| awm | clean samples, stratified timesteps | AWM: PPO clip on the flow-matching log-likelihood surrogate |
 | online_dpo | best and worst sample of each prompt | Diffusion-DPO against the reference |
 
 The math lives in `algorithms/`; this module only calls the policy and hands tensors over.
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from omnialign.algorithms import awm as awm_loss
 from omnialign.algorithms import nft, preference
 from omnialign.algorithms.distill import diffusion_distill
 from omnialign.algorithms.policy_gradient import dppo, dual_clip, gaussian_mean_kl, grpo_guard, ppo_clip
@@ -27,7 +29,7 @@ from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context
-from omnialign.trainer.actor import Inputs, Objective
+from omnialign.trainer.actor import Inputs, Objective, infer
 
 FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
 
@@ -158,6 +160,50 @@ def diffusion_nft(
     return Algorithm(objective, batch, after_update=refresh, replays_window=False, state=old_adapter)
 
 
+def awm(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """AWM: clean rollout samples at `awm_timesteps` noise levels, one per stratum of the schedule, fresh noise each;
+    the matching log-probs before the update are the old ones (one forward pass), then PPO clip on them."""
+    a = config.algorithm
+
+    def log_prob(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        x0, noise, sigma = inputs["x0"], inputs["noise"], inputs["sigma"]
+        v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, inputs["cond"])
+        return awm_loss.matching_log_prob(v, x0, noise, sigma, a.awm_weighting, a.awm_power), v
+
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        lp, v = log_prob(inputs)
+        loss, metrics = ppo_clip(lp, inputs["old_log_prob"], inputs["advantages"], a.clip_range,
+                                 a.clip_high if a.clip_high is not None else a.clip_range, a.adv_clip)  # fmt: skip
+        metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
+        if a.kl_coef > 0:  # the reference's uniform-weight KL: the mean squared velocity difference
+            with torch.no_grad(), reference():
+                v_ref = policy.velocity(sde.add_noise(inputs["x0"], inputs["noise"], inputs["sigma"]),
+                                        inputs["sigma"], inputs["cond"])  # fmt: skip
+            kl = ((v.float() - v_ref.float()) ** 2).mean(dim=tuple(range(1, v.dim())))
+            loss, metrics["kl"] = loss + a.kl_coef * kl, kl.detach()
+        return loss, metrics, {"log_prob": lp.detach()}
+
+    noised = {"sigma": ("sigmas", 0), "noise": ("noise", 0)}
+    before = Objective(lambda inputs: (None, {}, {"log_prob": log_prob(inputs)[0]}), ("x0", "cond"), noised)
+
+    def batch(traj: Trajectory, step: int) -> CleanBatch:
+        schedule = policy.schedule(config.rollout.steps, config.rollout.height, config.rollout.width)[:-1]
+        bounds = torch.linspace(1, len(schedule), a.awm_timesteps + 1).long()
+        g = _generator(config, step, 4)
+        pick = bounds[:-1] + (torch.rand(a.awm_timesteps, generator=g) * (bounds[1:] - bounds[:-1])).long()
+        noise = torch.randn((len(traj), a.awm_timesteps, *traj.final.shape[1:]), generator=g).to(traj.final.device)
+        sigmas = schedule[pick].expand(len(traj), -1).contiguous().to(traj.final.device)
+        clean = CleanBatch(x0=traj.final, noise=noise, sigmas=sigmas, cond=traj.cond, advantages=traj.advantages,
+                           batch_size=[len(traj)])  # fmt: skip
+        clean.old_log_probs = infer(before, clean, config.actor.micro_batch_size)["log_prob"]
+        return clean
+
+    objective = Objective(fn, ("x0", "cond", "advantages"), {**noised, "old_log_prob": ("old_log_probs", 0)})
+    return Algorithm(objective, batch, replays_window=False)
+
+
 def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -> Objective:
     """Diffusion-DPO on pairs: flow-matching errors of policy and reference at a shared noise and sigma."""
     a = config.algorithm
@@ -241,5 +287,6 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "dppo": policy_gradient,
     "distill": policy_gradient,
     "nft": diffusion_nft,
+    "awm": awm,
     "online_dpo": online_dpo,
 }
