@@ -167,20 +167,21 @@ def awm(
     the matching log-probs before the update are the old ones (one forward pass), then PPO clip on them."""
     a = config.algorithm
 
-    def log_prob(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(matching log-probs, velocity, the noised input it was predicted at)."""
         x0, noise, sigma = inputs["x0"], inputs["noise"], inputs["sigma"]
-        v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, inputs["cond"])
-        return awm_loss.matching_log_prob(v, x0, noise, sigma, a.awm_weighting, a.awm_power), v
+        xt = sde.add_noise(x0, noise, sigma)
+        v = policy.velocity(xt, sigma, inputs["cond"])
+        return awm_loss.matching_log_prob(v, x0, noise, sigma, a.awm_weighting, a.awm_power), v, xt
 
     def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        lp, v = log_prob(inputs)
+        lp, v, xt = log_prob(inputs)
         loss, metrics = ppo_clip(lp, inputs["old_log_prob"], inputs["advantages"], a.clip_range,
                                  a.clip_high if a.clip_high is not None else a.clip_range, a.adv_clip)  # fmt: skip
         metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
         if a.kl_coef > 0:  # the reference's uniform-weight KL: the mean squared velocity difference
             with torch.no_grad(), reference():
-                v_ref = policy.velocity(sde.add_noise(inputs["x0"], inputs["noise"], inputs["sigma"]),
-                                        inputs["sigma"], inputs["cond"])  # fmt: skip
+                v_ref = policy.velocity(xt, inputs["sigma"], inputs["cond"])
             kl = ((v.float() - v_ref.float()) ** 2).mean(dim=tuple(range(1, v.dim())))
             loss, metrics["kl"] = loss + a.kl_coef * kl, kl.detach()
         return loss, metrics, {"log_prob": lp.detach()}
