@@ -7,7 +7,7 @@
 # merges a sweep into the shipped table). Runs go round-robin over the GPUs.
 out=$1; steps=${2:-300}; seeds=${3:-5}; shift $(($# < 3 ? $# : 3))
 recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_online_dpo glyphs_distill}
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1))
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1)); jobs=${JOBS:-$(nproc)}  # before OMP_NUM_THREADS=1, which nproc obeys
 mkdir -p $out/runs $out/logs
 export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1
 $PYTHON - > $out/meta.json <<'PY'
@@ -20,7 +20,7 @@ PY
 i=0
 for r in $recipes; do
   for s in $(seq 0 $((seeds - 1))); do echo "$((i % gpus)) $r $s"; i=$((i + 1)); done
-done | xargs -P ${JOBS:-$(nproc)} -L 1 bash -c '
+done | xargs -P $jobs -L 1 bash -c '
   CUDA_VISIBLE_DEVICES=$0 $PYTHON -m omnialign train $1 seed=$2 name=$1_s$2 trainer.total_steps=$steps \
     trainer.val_every=10 trainer.save_every=$steps trainer.progress=false trainer.save_val_images=true \
     trainer.output_dir=$out/runs > $out/logs/$1_s$2.log 2>&1 && echo "done $1 seed $2" \
