@@ -49,14 +49,16 @@ class PreferencePairs:
 
 @tensorclass
 class CleanBatch:
-    """Clean samples to train at chosen noise levels (DiffusionNFT, AWM). T = training timesteps per sample."""
+    """Clean samples to train at chosen noise levels (DiffusionNFT, AWM, DGPO). T = training timesteps per sample."""
 
     x0: torch.Tensor  # (B, *latent) float32: clean latents
-    noise: torch.Tensor  # NFT (B, *latent): shared by a sample's timesteps; AWM (B, T, *latent): one per timestep
+    noise: torch.Tensor  # NFT (B, *latent): shared by a sample's timesteps; AWM, DGPO (B, T, *latent): one per timestep
     sigmas: torch.Tensor  # (B, T) float32: training noise levels
     cond: TensorDict  # (B, ...): prompt conditions
     advantages: torch.Tensor  # (B,) float32
-    old_log_probs: torch.Tensor | None = None  # (B, T) float32, AWM: the matching log-probs before the update
+    old_log_probs: torch.Tensor | None = None  # (B, T) float32, AWM, DGPO: the matching log-probs before the update
+    weights: torch.Tensor | None = None  # (B, T) float32, DGPO: the group weight of each sample's group
+    ref_velocities: torch.Tensor | None = None  # (B, T, *latent) float32, DGPO with a KL: the reference's velocity
 
 
 @tensorclass

@@ -477,6 +477,9 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     elif a.name == "awm":  # the old log-probs' forward, then v with its backward, and v_ref for the KL
         train = a.awm_timesteps * (1 + (1 + backward) + (1 if a.kl_coef > 0 else 0))
         rollout_fwd = r.steps * cfg
+    elif a.name == "dgpo":  # policy and reference forwards before the update (the KL reuses the latter), then v
+        train = a.dgpo_timesteps * (2 + (1 + backward))
+        rollout_fwd = r.steps * cfg
     elif a.name == "online_dpo":
         train = 2 * (1 + backward) / r.n * 2  # two pair members per prompt, policy + reference
         rollout_fwd = r.steps * cfg

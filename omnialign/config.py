@@ -163,7 +163,7 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "flowgrpo"
-    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, online_dpo, distill, diffusion_dpo (offline).
+    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, dgpo, online_dpo, distill, diffusion_dpo (offline).
     Language: grpo, dapo, gspo, opd, dpo (see docs/algorithms.md)."""
     clip_range: float = 1e-4
     """PPO ratio clip epsilon, lower side (and upper unless clip_high is set); tiny for diffusion log-probs."""
@@ -209,10 +209,17 @@ class AlgorithmConfig:
     choice; `awm.matching_log_prob`)."""
     awm_power: float = 0.25
     """AWM: the power p of the ghuber weighting."""
+    dgpo_timesteps: int = 4
+    """DGPO: training noise levels per step, drawn without replacement from the rollout schedule's first
+    `dgpo_first_steps` steps, the same for every sample of the step (the reference: 4)."""
+    dgpo_first_steps: int = 7
+    """DGPO: the training noise levels come from this many of the rollout schedule's noisiest steps, its first
+    (the reference's trunc_steps + 1: 7 of 10 for OCR and PickScore, 5 of 10 for GenEval)."""
     old_schedule: str = "delayed_linear"
     """Refresh of the `old` adapter after each update: copy, or delayed_linear EMA."""
     dpo_beta: float = 0.1
-    """DPO beta (language default 0.1; Diffusion-DPO recipes 100, paper 2000)."""
+    """DPO beta (language default 0.1; Diffusion-DPO recipes 100, paper 2000); DGPO's group-preference beta (the
+    reference's beta_dpo: 10 to 100)."""
     dpo_loss: str = "sigmoid"
     """DPO loss: sigmoid, ipo or hinge."""
     label_smoothing: float = 0.0
@@ -354,7 +361,8 @@ class ConfigError(ValueError):
     pass
 
 
-DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "online_dpo", "distill", "diffusion_dpo")
+DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "dgpo", "online_dpo", "distill",
+                        "diffusion_dpo")  # fmt: skip
 LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "distill")
@@ -499,6 +507,17 @@ def validate(config: Config) -> Config:
         (config.algorithm.name != "awm" or 1 <= config.algorithm.awm_timesteps < r.steps,
          f"algorithm.awm_timesteps={config.algorithm.awm_timesteps}: 1 to rollout.steps - 1 = {r.steps - 1} (one "
          "noise level per stratum of the schedule after its first step)"),
+        (config.algorithm.name != "dgpo" or 1 <= config.algorithm.dgpo_timesteps <= config.algorithm.dgpo_first_steps
+         <= r.steps,
+         f"algorithm.dgpo_timesteps={config.algorithm.dgpo_timesteps}, dgpo_first_steps="
+         f"{config.algorithm.dgpo_first_steps}: need 1 <= dgpo_timesteps <= dgpo_first_steps <= rollout.steps="
+         f"{r.steps} (the noise levels are drawn without replacement from the schedule's first dgpo_first_steps)"),
+        (config.algorithm.name != "dgpo" or config.algorithm.dpo_beta > 0,
+         f"algorithm.dpo_beta={config.algorithm.dpo_beta}: DGPO's beta must be > 0 (the reference's: 10 to 100)"),
+        (config.algorithm.name != "dgpo" or (config.algorithm.clip_range > 0 and (config.algorithm.clip_high is None
+                                                                                 or config.algorithm.clip_high > 0)),
+         f"algorithm.clip_range={config.algorithm.clip_range}, clip_high={config.algorithm.clip_high}: DGPO's clip "
+         "ranges must be > 0 (at 0 every sample whose ratio moved at all is clipped; the reference's: 1e-3 to 5e-2)"),
         (config.algorithm.name != "nft" or config.model.lora.rank > 0,
          "algorithm.name=nft keeps its old policy in a second LoRA adapter: set model.lora.rank (e.g. 8)"),
         (config.algorithm.name != "distill" or config.algorithm.teacher_path,

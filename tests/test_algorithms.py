@@ -218,3 +218,87 @@ def test_awm_matching_log_prob_by_hand_and_its_first_update_is_advantage_weighte
     (advantages * error).mean().backward()
     torch.testing.assert_close(v1.grad, v2.grad)
     assert v1.grad[0].abs().sum() > 0  # the positive sample is pulled toward its target
+
+
+def test_dgpo_group_weights_and_loss_by_hand():
+    """DGPO (Luo-Yihong/DGPO): per group and noise level, the margin z = beta * mean over the group of
+    A * (l - l_ref) and the weight w = sigmoid(-z); the loss -w * A * l, its gradient stopped where the ratio
+    exp(l - l_old) left the clip range in the advantage's direction."""
+    from omnialign.algorithms.dgpo import dgpo_loss, group_weights
+
+    lp = torch.tensor([[-1.0, 0.0], [-2.0, 0.0], [0.5, 0.0], [-0.5, 0.0]])
+    ref = torch.tensor([[-0.5, 0.0], [-2.25, 0.0], [0.4, 0.0], [-0.3, 0.0]])
+    adv, group = t(1.0, -1.0, 2.0, -2.0), torch.tensor([7, 7, 3, 3])
+    w, z = group_weights(lp, ref, adv, group, beta=2.0)
+    # group 7: A * (l - l_ref) = (1 * -0.5, -1 * 0.25), mean -0.375, z = -0.75; group 3: (2 * 0.1, -2 * -0.2), z = 0.6
+    torch.testing.assert_close(z[:, 0], t(-0.75, -0.75, 0.6, 0.6))
+    torch.testing.assert_close(w[:, 0], torch.sigmoid(t(0.75, 0.75, -0.6, -0.6)))
+    torch.testing.assert_close(w[:, 1], t(0.5, 0.5, 0.5, 0.5))  # each noise level on its own: no change, no margin
+
+    weight = t(0.25, 0.5, 0.75, 1.0)
+    log_prob = t(-1.0, -2.0, 0.5, -0.5).requires_grad_(True)
+    # ratios exp(0.2) (A > 0: above 1 + 0.1, clipped), exp(-0.2) (A < 0: below 1 - 0.1, clipped), exp(0.05), exp(-0.05)
+    loss, metrics = dgpo_loss(log_prob, t(-1.2, -1.8, 0.45, -0.45), adv, weight, 0.1, 0.1)
+    torch.testing.assert_close(loss, t(0.25, -1.0, -0.75, -1.0))  # -w * A * l
+    loss.sum().backward()
+    torch.testing.assert_close(log_prob.grad, t(0.0, 0.0, -1.5, 2.0))  # -w * A where not clipped
+    torch.testing.assert_close(metrics["clip_frac"], t(1.0, 1.0, 0.0, 0.0))
+
+
+def test_dgpo_first_update_is_half_advantage_weighted_matching():
+    """With the policy as its reference and old policy, every group weight is 1/2 and nothing is clipped: the
+    gradient is half AWM's first-update one, the advantage-weighted flow-matching loss's (sign included)."""
+    from omnialign.algorithms.awm import matching_log_prob
+    from omnialign.algorithms.dgpo import dgpo_loss, group_weights
+
+    g = torch.Generator().manual_seed(0)
+    x0, noise, v = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+    sigma, adv, group = torch.full((4,), 0.6), t(1.5, -1.5, 0.5, -0.5), torch.tensor([0, 0, 1, 1])
+    v1, v2 = (v.clone().requires_grad_(True) for _ in range(2))
+    lp = matching_log_prob(v1, x0, noise, sigma, "uniform")
+    w = group_weights(lp.detach()[:, None], lp.detach()[:, None], adv, group, 100.0)[0][:, 0]
+    loss, metrics = dgpo_loss(lp, lp.detach(), adv, w, 1e-2, 1e-2)
+    assert metrics["clip_frac"].sum() == 0 and (w == 0.5).all()
+    loss.mean().backward()
+    (0.5 * adv * -matching_log_prob(v2, x0, noise, sigma, "uniform")).mean().backward()
+    torch.testing.assert_close(v1.grad, v2.grad)
+    assert v1.grad[0].abs().sum() > 0
+
+
+def test_dgpo_batch_shares_noise_per_group_and_starts_at_weight_one_half():
+    """objectives.dgpo's batch: noise levels drawn without replacement from the schedule's noisiest
+    `dgpo_first_steps`, the same for every sample; one noise per prompt group and level. At the first step the
+    policy is its reference (LoRA B = 0): every weight is 1/2, nothing is clipped and the loss is A * e / 2."""
+    from omnialign.batch import Trajectory
+    from omnialign.config import apply_overrides, validate
+    from omnialign.engine import dist
+    from omnialign.recipes import RECIPES
+    from omnialign.trainer.build import build_policy
+    from omnialign.trainer.objectives import dgpo
+
+    config = validate(apply_overrides(RECIPES["glyphs_dgpo"](), ["algorithm.dgpo_timesteps=3"]))
+    world = dist.init()
+    policy, contexts = build_policy(config, world)
+    g = torch.Generator().manual_seed(0)
+    x0, d = torch.randn(6, 1, 32, 32, generator=g).to(world.device), world.device
+    traj = Trajectory(final=x0, latents=x0[:, None], log_probs=torch.zeros(6, 0), means=x0[:, :0],
+                      sigmas=torch.zeros(6, 1), cond=policy.encode_prompts(["1", "1", "1", "4", "4", "4"]).to(d),
+                      uncond=None, group=torch.tensor([3, 3, 3, 1, 1, 1]), seeds=torch.arange(6),
+                      advantages=t(1.0, -0.5, 9.0, 0.0, 2.0, -2.0).to(d), batch_size=[6])  # fmt: skip
+    algorithm = dgpo(policy, config, contexts["reference"], None, None)
+    batch = algorithm.batch(traj, step=1)
+    schedule = policy.schedule(config.rollout.steps, config.rollout.height, config.rollout.width)
+    sigmas = batch.sigmas.cpu()
+    assert (sigmas == sigmas[0]).all() and len(set(sigmas[0].tolist())) == 3
+    assert all(s in schedule[: config.algorithm.dgpo_first_steps].tolist() for s in sigmas[0].tolist())
+    noise = batch.noise.cpu()
+    assert (noise[:3] == noise[0]).all() and (noise[3:] == noise[3]).all() and not torch.equal(noise[0], noise[3])
+    assert not torch.equal(noise[0, 0], noise[0, 1])
+    torch.testing.assert_close(batch.advantages.cpu(), t(1.0, -0.5, 5.0, 0.0, 2.0, -2.0))  # clipped to adv_clip
+    assert (batch.weights == 0.5).all()
+    step = {"x0": batch.x0, "cond": batch.cond, "advantages": batch.advantages, "sigma": batch.sigmas[:, 0],
+            "noise": batch.noise[:, 0], "old_log_prob": batch.old_log_probs[:, 0], "weight": batch.weights[:, 0],
+            "ref_velocity": batch.ref_velocities[:, 0]}  # fmt: skip
+    loss, metrics, _ = algorithm.objective.fn(step)
+    assert metrics["clip_frac"].sum() == 0
+    torch.testing.assert_close(loss, -0.5 * batch.advantages * batch.old_log_probs[:, 0], atol=1e-6, rtol=1e-5)

@@ -77,6 +77,21 @@ def test_validate_rejects_inconsistent_values(item, message):
         validate(apply_overrides(RECIPES["glyphs"](), [item]))
 
 
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("algorithm.dgpo_timesteps=8", r"dgpo_timesteps=8, dgpo_first_steps=7: need 1 <= dgpo_timesteps <= "),
+        ("algorithm.dgpo_first_steps=11", r"dgpo_first_steps=11: .*<= rollout.steps=10"),
+        ("algorithm.dgpo_timesteps=0", r"dgpo_timesteps=0, "),
+        ("algorithm.dpo_beta=0", r"algorithm.dpo_beta=0.0: DGPO's beta must be > 0"),
+        ("algorithm.clip_range=0", r"algorithm.clip_range=0.0, clip_high=None: DGPO's clip ranges must be > 0"),
+    ],
+)
+def test_validate_rejects_nonsense_dgpo_values(item, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(apply_overrides(RECIPES["glyphs_dgpo"](), [item]))
+
+
 def test_grpo_guard_refuses_cps_transitions():
     """CPS log-probs are -mean((x' - mu)^2) without 1/(2 std^2): GRPO-Guard's correction b would not cancel."""
     with pytest.raises(ConfigError, match=r"algorithm.name=grpo_guard with rollout.kind=cps.*rollout.kind=sde"):

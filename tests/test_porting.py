@@ -1,8 +1,9 @@
 """Porting checks: the same tensors through our functions and through the reference implementations' formulas,
 re-derived here in the references' own terms (their variable names, shapes and order of operations; not their
 code): flow_grpo (SDE and CPS steps, reference KL, Diffusion-DPO), DanceGRPO (its SDE step), GRPO-Guard and
-Flow-DPPO (per sample, as Flow-Factory and the papers state them), DiffusionNFT (train_nft_sd3), verl (DAPO's
-clipped loss with dual clip, GSPO) and on-policy distillation (per-token reverse-KL reward, importance-sampled).
+Flow-DPPO (per sample, as Flow-Factory and the papers state them), DiffusionNFT (train_nft_sd3), DGPO
+(train_sd3_dgpo), verl (DAPO's clipped loss with dual clip, GSPO) and on-policy distillation (per-token reverse-KL
+reward, importance-sampled).
 """
 
 import math
@@ -12,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from omnialign.algorithms import distill, nft, preference
+from omnialign.algorithms import dgpo, distill, nft, preference
+from omnialign.algorithms.awm import matching_log_prob
 from omnialign.algorithms.policy_gradient import (
     aggregate,
     dppo,
@@ -253,6 +255,48 @@ def token_batch(seed: int):
     log_prob = old_log_prob + 0.4 * torch.randn(3, 6, generator=g)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]], dtype=torch.float32)
     return old_log_prob, log_prob, mask
+
+
+def test_dgpo_matches_dgpo_train_sd3():
+    """Luo-Yihong/DGPO train_sd3_dgpo.py, one training timestep of a micro-batch of whole groups, in its terms
+    (flow-matching errors): the clip mask from exp(-dsm + old_dsm) per advantage sign, dsm's gradient stopped where
+    clipped; per sample A * beta_dpo * (dsm - ref_dsm) / group_size (dsm detached), summed over the group; the
+    weight sigmoid(sum); loss mean(w * A * dsm). Ours gives the same loss and gradient (groups of 3 with ids out of
+    order, weights far from 1/2, some samples clipped)."""
+    g = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(6, 2, 4, 4, generator=g), torch.randn(6, 2, 4, 4, generator=g)
+    sigma, target_v = torch.full((6,), 0.7), noise - x0
+    ref_v = target_v + torch.randn(6, 2, 4, 4, generator=g)
+    old_v = ref_v + 0.3 * torch.randn(6, 2, 4, 4, generator=g)
+    model_v = old_v + 0.05 * torch.randn(6, 2, 4, 4, generator=g)
+    advantages, prompt_ids = torch.tensor([1.2, -0.4, -0.8, 0.9, 0.1, -1.0]), torch.tensor([5, 5, 5, 2, 2, 2])
+    beta_dpo, clip_range, group_size = 50.0, 0.02, 3
+
+    def reference(model_v):
+        dsm_loss = (target_v - model_v).square().reshape(6, -1).mean(dim=1)
+        old_dsm_loss = (target_v - old_v).square().reshape(6, -1).mean(dim=1)
+        ratio = torch.exp(-dsm_loss + old_dsm_loss)
+        should_clip = torch.where(advantages > 0, ratio > 1.0 + clip_range, ratio < 1.0 - clip_range)
+        dsm_loss = torch.where(should_clip, dsm_loss.detach(), dsm_loss)
+        ref_dsm_loss = (target_v - ref_v).square().reshape(6, -1).mean(dim=1)
+        per_sample_term = advantages * beta_dpo * (dsm_loss.detach() - ref_dsm_loss) / group_size
+        _, inverse_indices = torch.unique(prompt_ids, return_inverse=True)
+        group_sums = torch.zeros(2).scatter_add_(0, inverse_indices, per_sample_term)
+        local_weights = torch.sigmoid(group_sums)[inverse_indices]
+        return (local_weights.detach() * advantages * dsm_loss).mean(), should_clip
+
+    v1, v2 = (model_v.clone().requires_grad_(True) for _ in range(2))
+    expected, should_clip = reference(v1)
+    lp = matching_log_prob(v2, x0, noise, sigma, "uniform")
+    ref_lp, old_lp = (matching_log_prob(v, x0, noise, sigma, "uniform") for v in (ref_v, old_v))
+    weight = dgpo.group_weights(lp.detach()[:, None], ref_lp[:, None], advantages, prompt_ids, beta_dpo)[0][:, 0]
+    loss, metrics = dgpo.dgpo_loss(lp, old_lp, advantages, weight, clip_range, clip_range)
+    assert 0 < should_clip.sum() < 6 and (weight - 0.5).abs().min() > 0.1
+    torch.testing.assert_close(metrics["clip_frac"], should_clip.float())
+    torch.testing.assert_close(loss.mean(), expected)
+    expected.backward()
+    loss.mean().backward()
+    torch.testing.assert_close(v2.grad, v1.grad)
 
 
 def test_dapo_token_mean_with_dual_clip_matches_verl():

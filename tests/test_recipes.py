@@ -13,7 +13,7 @@ from omnialign.train import main
 GLYPHS = [name for name in RECIPES if name.startswith("glyphs")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
             "distill": "actor/distill_kl", "nft": "actor/nft/positive", "awm": "actor/clip_frac",
-            "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
+            "dgpo": "actor/dgpo/weight", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", GLYPHS)
@@ -27,6 +27,8 @@ def test_recipe_runs_two_steps(name, tmp_path, request):
         small += ["rollout.window_size=2", "rollout.window_shift_every=1", "rollout.window_end=3"]
     if config.algorithm.name == "awm":
         small.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
+    if config.algorithm.name == "dgpo":
+        small += ["algorithm.dgpo_timesteps=2", "algorithm.dgpo_first_steps=3"]  # of the 4 steps
     summary = main(validate(apply_overrides(config, [*small, f"trainer.output_dir={tmp_path / 'a'}"])))
     assert not torch.are_deterministic_algorithms_enabled()  # the run's setting ended with it
     records = read_metrics(tmp_path / "a" / config.name / "metrics.jsonl")

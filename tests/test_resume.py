@@ -22,8 +22,8 @@ from omnialign.trainer import objectives
 SMALL = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.val_steps=4", "data.val_seeds=1",
          "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
          "actor.mini_batch_size=none"]  # fmt: skip
-FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_online_dpo",
-            "glyphs_distill"]  # fmt: skip
+FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_dgpo",
+            "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
 
 
 def small(name, out, *extra):
@@ -33,6 +33,8 @@ def small(name, out, *extra):
         args += ["rollout.window_size=2", "rollout.window_end=3"]
     if config.algorithm.name == "awm":
         args.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
+    if config.algorithm.name == "dgpo":
+        args += ["algorithm.dgpo_timesteps=1", "algorithm.dgpo_first_steps=3"]  # one level (test_recipes: two)
     return validate(apply_overrides(config, [*args, *extra]))
 
 

@@ -57,7 +57,9 @@ def build_policy(
     a, spec = config.algorithm, config.model.lora
     policy = policy or LOADERS[config.model.arch](config.model)
     net, blocks, contexts, frozen = policy.transformer, policy.blocks(), {}, None
-    need_reference = a.kl_coef > 0 or (a.name == "nft" and a.nft_kappa > 0) or a.name in ("online_dpo", "diffusion_dpo")
+    need_reference = (
+        a.kl_coef > 0 or (a.name == "nft" and a.nft_kappa > 0) or a.name in ("dgpo", "online_dpo", "diffusion_dpo")
+    )
     if spec.rank > 0:
         lora_config = lora.apply_lora(net, spec.rank, spec.alpha or spec.rank, spec.targets or policy.lora_targets,
                                       spec.exclude)  # fmt: skip

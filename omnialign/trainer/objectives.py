@@ -8,6 +8,7 @@
 | distill | SDE-window transitions | Gaussian KL to a frozen teacher at every stored state |
 | nft | clean samples, fresh timesteps | DiffusionNFT with the `old` adapter |
 | awm | clean samples, stratified timesteps | AWM: PPO clip on the flow-matching log-likelihood surrogate |
+| dgpo | clean samples, noisiest timesteps | DGPO: group preference (advantage-weighted DPO) against the reference |
 | online_dpo | best and worst sample of each prompt | Diffusion-DPO against the reference |
 
 The math lives in `algorithms/`; this module only calls the policy and hands tensors over.
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from omnialign.algorithms import awm as awm_loss
+from omnialign.algorithms import dgpo as dgpo_loss
 from omnialign.algorithms import nft, preference
 from omnialign.algorithms.distill import diffusion_distill
 from omnialign.algorithms.policy_gradient import dppo, dual_clip, gaussian_mean_kl, grpo_guard, ppo_clip
@@ -205,6 +207,63 @@ def awm(
     return Algorithm(objective, batch, replays_window=False)
 
 
+def dgpo(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """DGPO: clean rollout samples at `dgpo_timesteps` noise levels drawn from the schedule's first
+    `dgpo_first_steps` (one set for the batch), one noise per prompt group and level. Before the update, one pass gives
+    the policy's and the reference's errors: the group weights, the old log-probs of the clip and (with a KL) the
+    reference's velocity."""
+    a = config.algorithm
+    kl = {"ref_velocity": ("ref_velocities", 0)} if a.kl_coef > 0 else {}
+
+    def forward(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the policy's velocity, minus the flow-matching error, the noised input)."""
+        x0, noise, sigma = inputs["x0"], inputs["noise"], inputs["sigma"]
+        xt = sde.add_noise(x0, noise, sigma)
+        v = policy.velocity(xt, sigma, inputs["cond"])
+        return v, awm_loss.matching_log_prob(v, x0, noise, sigma, "uniform"), xt
+
+    def before(inputs: Inputs) -> tuple[None, dict, dict[str, torch.Tensor]]:
+        _, lp, xt = forward(inputs)
+        with reference():
+            v_ref = policy.velocity(xt, inputs["sigma"], inputs["cond"])
+        ref_lp = awm_loss.matching_log_prob(v_ref, inputs["x0"], inputs["noise"], inputs["sigma"], "uniform")
+        return None, {}, {"log_prob": lp, "ref_log_prob": ref_lp, **({"ref_velocity": v_ref.float()} if kl else {})}
+
+    def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        v, lp, _ = forward(inputs)
+        clip_high = a.clip_high if a.clip_high is not None else a.clip_range
+        loss, metrics = dgpo_loss.dgpo_loss(lp, inputs["old_log_prob"], inputs["advantages"], inputs["weight"],
+                                            a.clip_range, clip_high)  # fmt: skip
+        metrics["dgpo/error"] = -lp.detach()
+        if kl:  # the reference's uniform-weight KL: the mean squared velocity difference
+            distance = ((v.float() - inputs["ref_velocity"]) ** 2).mean(dim=tuple(range(1, v.dim())))
+            loss, metrics["kl"] = loss + a.kl_coef * distance, distance.detach()
+        return loss, metrics, {"log_prob": lp.detach()}
+
+    noised = {"sigma": ("sigmas", 0), "noise": ("noise", 0)}
+
+    def batch(traj: Trajectory, step: int) -> CleanBatch:
+        schedule = policy.schedule(config.rollout.steps, config.rollout.height, config.rollout.width)
+        g = _generator(config, step, 5)
+        pick = torch.randperm(a.dgpo_first_steps, generator=g)[: a.dgpo_timesteps]
+        groups, index = torch.unique(traj.group.cpu(), return_inverse=True)
+        noise = torch.randn((len(groups), a.dgpo_timesteps, *traj.final.shape[1:]), generator=g)[index]
+        advantages = traj.advantages.clamp(-a.adv_clip, a.adv_clip)
+        clean = CleanBatch(x0=traj.final, noise=noise.to(traj.final.device), cond=traj.cond, advantages=advantages,
+                           sigmas=schedule[pick].expand(len(traj), -1).contiguous().to(traj.final.device),
+                           batch_size=[len(traj)])  # fmt: skip
+        out = infer(Objective(before, ("x0", "cond"), noised), clean, config.actor.micro_batch_size)
+        clean.weights = dgpo_loss.group_weights(out["log_prob"], out["ref_log_prob"], advantages, traj.group,
+                                                a.dpo_beta)[0]  # fmt: skip
+        clean.old_log_probs, clean.ref_velocities = out["log_prob"], out.get("ref_velocity")
+        return clean
+
+    per_step = {**noised, "old_log_prob": ("old_log_probs", 0), "weight": ("weights", 0), **kl}
+    return Algorithm(Objective(fn, ("x0", "cond", "advantages"), per_step), batch, replays_window=False)
+
+
 def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -> Objective:
     """Diffusion-DPO on pairs: flow-matching errors of policy and reference at a shared noise and sigma."""
     a = config.algorithm
@@ -289,5 +348,6 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "distill": policy_gradient,
     "nft": diffusion_nft,
     "awm": awm,
+    "dgpo": dgpo,
     "online_dpo": online_dpo,
 }
