@@ -25,6 +25,7 @@ class Trajectory:
     advantages: torch.Tensor | None = None  # (B,) float32
     old_log_probs: torch.Tensor | None = None  # (B, W) float32: recomputed before the update
     old_means: torch.Tensor | None = None  # (B, W, *latent) float32: recomputed with old_log_probs
+    kl_weights: torch.Tensor | None = None  # (B,) float32, GARDO: each sample's weight of the reference KL
 
     @property
     def window(self) -> int:

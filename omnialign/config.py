@@ -163,7 +163,8 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "flowgrpo"
-    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, dgpo, online_dpo, distill, diffusion_dpo (offline).
+    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, dgpo, gardo, online_dpo, distill, diffusion_dpo
+    (offline).
     Language: grpo, dapo, gspo, opd, dpo (see docs/algorithms.md)."""
     clip_range: float = 1e-4
     """PPO ratio clip epsilon, lower side (and upper unless clip_high is set); tiny for diffusion log-probs."""
@@ -215,6 +216,20 @@ class AlgorithmConfig:
     dgpo_first_steps: int = 7
     """DGPO: the training noise levels come from this many of the rollout schedule's noisiest steps, its first
     (the reference's trunc_steps + 1: 7 of 10 for OCR and PickScore, 5 of 10 for GenEval)."""
+    gardo_auxiliary: list[str] = field(default_factory=list)
+    """GARDO: the auxiliary rewards whose mean rank in the batch a sample's rank under the trained (proxy) reward is
+    compared with, its uncertainty; each a key of reward.weights, usually with weight 0 (scored, not trained on).
+    The reference: aesthetic and imagereward beside an OCR or GenEval proxy; glyphs: jpeg_compressibility."""
+    gardo_share: float = 0.1
+    """GARDO: the share, among the samples of uncertainty >= 0 (about half the batch), of the most uncertain ones
+    whose reference KL counts at the first step; it then follows the batch's uncertainty level within
+    gardo_share_range (the reference: 0.1)."""
+    gardo_share_range: tuple[float, float] = (0.02, 0.2)
+    """GARDO: bounds of the adapted share (the reference's; equal bounds fix the share)."""
+    gardo_kl_threshold: float = 3e-3
+    """GARDO: the reference becomes the current policy after a step whose gated KL (kl_coef's KL, mean over the
+    gated samples) exceeded this, or after ref_update_every steps without a refresh. The reference's 3e-4 is in
+    flow_grpo's KL units, |dt| times ours (see kl_coef): 3e-3 here at dt = -0.1."""
     old_schedule: str = "delayed_linear"
     """Refresh of the `old` adapter after each update: copy, or delayed_linear EMA."""
     dpo_beta: float = 0.1
@@ -230,7 +245,8 @@ class AlgorithmConfig:
     the kept pairs, and a step that keeps none takes no optimizer step."""
     ref_update_every: int = 0
     """Online DPO: every this many steps the reference becomes the current policy (flow_grpo's `ref_update_step`,
-    iterative DPO); 0 keeps the base model as the reference throughout."""
+    iterative DPO); 0 keeps the base model as the reference throughout. GARDO: at most this many steps between
+    refreshes (its reference's reset_freq + 1: 16)."""
     average_log_prob: bool = False
     """Language DPO: mean instead of sum of response-token log-probs (true reproduces published IPO, which averages)."""
     timestep_mean: float = 0.0
@@ -361,11 +377,11 @@ class ConfigError(ValueError):
     pass
 
 
-DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "dgpo", "online_dpo", "distill",
+DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "dgpo", "gardo", "online_dpo", "distill",
                         "diffusion_dpo")  # fmt: skip
 LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
-WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "distill")
+WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "gardo", "distill")
 LOGGERS = ("tensorboard", "wandb", "trackio", "swanlab", "mlflow")
 """trainer.loggers choices; each is also the name of its Python module and of its package's extra."""
 VIDEO_ARCHS = ("wan", "glyphs_video")  # the architectures that read model.frames
@@ -526,9 +542,11 @@ def validate(config: Config) -> Config:
         (config.algorithm.name in ALGORITHMS,
          f"algorithm.name={config.algorithm.name!r}: choose one of {', '.join(ALGORITHMS)}"),
         (config.algorithm.ref_update_every == 0 or (config.algorithm.ref_update_every > 0
-                                                    and config.algorithm.name == "online_dpo"),
+                                                    and config.algorithm.name in ("online_dpo", "gardo")),
          f"algorithm.ref_update_every={config.algorithm.ref_update_every}: a positive number of steps, for "
-         f"algorithm.name=online_dpo only (not {config.algorithm.name}); 0 keeps the base model as the reference"),
+         f"algorithm.name=online_dpo or gardo only (not {config.algorithm.name}); 0 keeps the base model as the "
+         "reference"),
+        *_gardo_checks(config),
         (config.algorithm.old_log_probs in ("auto", "rollout", "recompute"),
          f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose auto, rollout or recompute"),
         (config.model.dtype in ("float32", "bfloat16"),
@@ -586,6 +604,31 @@ def validate(config: Config) -> Config:
         if not ok:
             raise ConfigError(message)
     return config
+
+
+def _gardo_checks(config: Config) -> list[tuple[bool, str]]:
+    a, weights = config.algorithm, config.reward.weights
+    if a.name != "gardo":
+        return []
+    low, high = a.gardo_share_range
+    return [
+        (a.kl_coef > 0,
+         f"algorithm.kl_coef={a.kl_coef}: GARDO gates and refreshes the reference KL, so it needs one: set it > 0 "
+         "(glyphs_gardo: 0.1, as glyphs; the reference keeps its FlowGRPO recipe's)"),
+        (a.ref_update_every >= 1,
+         f"algorithm.ref_update_every={a.ref_update_every}: GARDO refreshes its reference at most this many steps "
+         "apart; set it >= 1 (the reference: 16)"),
+        (bool(a.gardo_auxiliary) and set(a.gardo_auxiliary) <= set(weights),
+         f"algorithm.gardo_auxiliary={a.gardo_auxiliary}: GARDO's uncertainty needs at least one auxiliary reward, "
+         f"each a key of reward.weights={weights}; add it there with weight 0 to score it without training on it "
+         '(e.g. reward.weights={"glyph_ocr": 1, "jpeg_compressibility": 0})'),
+        (0 < low <= a.gardo_share <= high <= 1,
+         f"algorithm.gardo_share={a.gardo_share}, gardo_share_range={a.gardo_share_range}: need 0 < low <= "
+         "gardo_share <= high <= 1 (shares of the samples of uncertainty >= 0; the reference: 0.1 within 0.02, 0.2)"),
+        (a.gardo_kl_threshold >= 0,
+         f"algorithm.gardo_kl_threshold={a.gardo_kl_threshold} must be >= 0 (0 refreshes the reference every step; "
+         "the reference's 3e-4 is 3e-3 in our KL units)"),
+    ]  # fmt: skip
 
 
 def _language_checks(config: Config) -> list[tuple[bool, str]]:

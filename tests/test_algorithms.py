@@ -302,3 +302,108 @@ def test_dgpo_batch_shares_noise_per_group_and_starts_at_weight_one_half():
     loss, metrics, _ = algorithm.objective.fn(step)
     assert metrics["clip_frac"].sum() == 0
     torch.testing.assert_close(loss, -0.5 * batch.advantages * batch.old_log_probs[:, 0], atol=1e-6, rtol=1e-5)
+
+
+def test_gardo_uncertainty_gate_and_kl_weights_by_hand():
+    """GARDO (tinnerhrhe/GARDO): u = rank under the proxy - mean rank under the auxiliary rewards (1 = highest, ties
+    share their mean rank); the KL counts on the u above the (1 - share) quantile of the u >= 0, averaged over them."""
+    from omnialign.algorithms.gardo import gate, kl_weights, nonnegative_mean, ranks, uncertainty
+
+    proxy = t(0.9, 0.1, 0.5, 0.7, 0.3)
+    auxiliary = torch.stack([t(0.1, 0.9, 0.5, 0.3, 0.7), t(0.2, 0.8, 0.6, 0.4, 0.4)])
+    torch.testing.assert_close(ranks(auxiliary[1]), torch.tensor([5, 1, 2, 3.5, 3.5], dtype=torch.float64))
+    u = uncertainty(proxy, auxiliary)  # proxy ranks (1, 5, 3, 2, 4), auxiliary mean ranks (5, 1, 2.5, 3.75, 2.75)
+    torch.testing.assert_close(u, torch.tensor([-4, 4, 0.5, -1.75, 1.25], dtype=torch.float64))
+    assert nonnegative_mean(u).item() == pytest.approx(5.75 / 3)
+    # the u >= 0 sorted: 0.5, 1.25, 4; share 0.5: the median 1.25; 0.25: 1.25 + 0.5 * 2.75; 0.9: 0.5 + 0.2 * 0.75
+    assert gate(u, torch.tensor(0.5)).tolist() == [False, True, False, False, False]
+    assert gate(u, torch.tensor(0.25)).tolist() == [False, True, False, False, False]
+    mask = gate(u, torch.tensor(0.9))
+    assert mask.tolist() == [False, True, False, False, True]
+    torch.testing.assert_close(kl_weights(mask), t(0, 2.5, 0, 0, 2.5))  # B / gated count
+    torch.testing.assert_close(kl_weights(torch.zeros(5, dtype=torch.bool)), torch.zeros(5))
+
+
+def test_gardo_share_follows_the_uncertainty_level_within_its_window_and_bounds():
+    """The reference's RiskCompensator: x1.1 above every remembered level, x0.9 below every one, clipped; it
+    remembers the last 20 levels."""
+    from omnialign.algorithms.gardo import WINDOW, adapt_share
+
+    share, history = torch.tensor(0.1, dtype=torch.float64), torch.full((WINDOW,), torch.nan, dtype=torch.float64)
+    shares = []
+    for level in (2.0, 3.0, 2.5, 1.0, 10.0, 11.0, *[5.0] * WINDOW, 4.0, 0.5):
+        share, history = adapt_share(share, history, torch.tensor(level), 0.095, 0.115)
+        shares.append(share.item())
+    # first: kept; 3 > 2: x1.1; 2.5 inside: kept; 1 below: x0.9; 10, 11 above: x1.1, the second clipped to 0.115;
+    # 5 (inside) x20: kept; 4, below the remembered 5s only (the earlier levels have left the window): x0.9; 0.5
+    # below: x0.9 = 0.09315, clipped to 0.095
+    assert shares[:6] == pytest.approx([0.1, 0.11, 0.11, 0.099, 0.1089, 0.115])
+    assert shares[6:-2] == pytest.approx([0.115] * WINDOW) and shares[-2:] == pytest.approx([0.1035, 0.095])
+    assert history.tolist() == [5.0] * (WINDOW - 2) + [4.0, 0.5]
+
+
+def test_gardo_diversity_weights_by_hand():
+    """A positive advantage is scaled by the sample's cosine distance to its group's nearest other sample over the
+    group's mean such distance; a negative one is kept; a group of duplicates gets 0, not 0/0."""
+    from omnialign.algorithms.advantages import group_relative
+    from omnialign.algorithms.gardo import diversity_weights, nearest_distance
+
+    features = torch.tensor([[1.0, 0], [1, 1], [-1, 0], [1, 0], [2, 0], [0, 0], [0, 1]])
+    group = torch.tensor([4, 4, 4, 9, 9, 2, 2])
+    near = 1 - 1 / math.sqrt(2)  # (1, 0) and (1, 1); (-1, 0) is 1 + 1/sqrt(2) from (1, 1), 2 from (1, 0)
+    distance = nearest_distance(features, group)
+    torch.testing.assert_close(distance, t(near, near, 1 + 1 / math.sqrt(2), 0, 0, 1, 1))  # zero vector: 1
+    rewards = t(0.9, 0.2, 0.4, 0.7, 0.1, 0.6, 0.6)
+    advantages = group_relative(rewards, group, norm_by_std=False)[0]  # r - mean: 0.4, -0.3, -0.1, 0.3, -0.3, 0, 0
+    weights = diversity_weights(distance, advantages, group)
+    mean = (2 * near + 1 + 1 / math.sqrt(2)) / 3
+    torch.testing.assert_close(weights, t(near / mean, 1, 1, 0, 1, 1, 1))
+    torch.testing.assert_close(advantages * weights, t(0.4 * near / mean, -0.3, -0.1, 0, -0.3, 0, 0))
+
+
+def test_gardo_kl_counts_on_the_gated_samples_only():
+    """objectives.gardo is FlowGRPO's objective with each sample's reference KL times its `kl_weights`: the loss
+    differs from FlowGRPO's by kl_coef * (w - 1) * KL, the logged KL is the gated samples' mean and an ungated
+    sample's KL sends no gradient."""
+    from contextlib import contextmanager
+
+    from omnialign.config import apply_overrides, validate
+    from omnialign.models.reference import Reference
+    from omnialign.recipes import RECIPES
+    from omnialign.trainer.objectives import gardo, policy_gradient
+
+    class Policy:  # a velocity that the reference halves
+        scale = 1.0
+
+        def velocity(self, x, sigma, cond):
+            return x * self.scale * (1 + sigma.view(-1, 1))
+
+    policy = Policy()
+
+    @contextmanager
+    def halved():
+        policy.scale = 0.5
+        yield
+        policy.scale = 1.0
+
+    config = validate(RECIPES["glyphs_gardo"]())
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=g)
+    weights = t(0, 2, 0, 2)
+    inputs = {"x": x, "x_next": x + 0.1 * torch.randn(4, 8, generator=g), "sigma": t(0.9, 0.7, 0.5, 0.3),
+              "sigma_next": t(0.8, 0.6, 0.4, 0.2), "cond": None, "uncond": None, "advantages": t(1, -1, 0.5, 0),
+              "old_log_prob": torch.zeros(4), "kl_weights": weights}  # fmt: skip
+    ours = gardo(policy, config, Reference(halved, {}), None, None).objective.fn
+    flowgrpo = policy_gradient(policy, apply_overrides(RECIPES["glyphs_gardo"](), ["algorithm.name=flowgrpo"]), halved,
+                               None, None)  # fmt: skip
+    loss, metrics, _ = ours(inputs)
+    base_loss, base_metrics, _ = flowgrpo.objective.fn(inputs)
+    kl = base_metrics["kl"]
+    assert (kl > 0).all()
+    torch.testing.assert_close(metrics["gardo/kl_all"], kl)
+    torch.testing.assert_close(metrics["kl"], kl * weights)
+    assert metrics["kl"].mean().item() == pytest.approx((kl[1] + kl[3]).item() / 2)  # the gated samples' mean KL
+    torch.testing.assert_close(loss - base_loss, config.algorithm.kl_coef * (weights - 1) * kl)
+    x_grad = x.clone().requires_grad_(True)
+    ours({**inputs, "x": x_grad, "advantages": torch.zeros(4)})[0].sum().backward()
+    assert (x_grad.grad[[0, 2]] == 0).all() and (x_grad.grad[[1, 3]] != 0).all()

@@ -65,7 +65,7 @@ def test_missing_equals_sign():
         ("actor.max_grad_norm=nan", "actor.max_grad_norm=nan: must be a finite number"),
         ("algorithm.clip_range=inf", "algorithm.clip_range=inf: must be a finite number"),
         ("rollout.kind=cps", "rollout.window_end <= 9"),
-        ("algorithm.ref_update_every=10", "ref_update_every=10: .*online_dpo only .not flowgrpo"),
+        ("algorithm.ref_update_every=10", "ref_update_every=10: .*online_dpo or gardo only .not flowgrpo"),
         ("reward.gold=glyph_ocr", "reward.gold='glyph_ocr' is also a trained reward"),
         ("generation.decoder=foo", "generation.decoder='foo': choose static or transformers"),
         ("model.frames=17", "model.frames=17: model.arch=glyphs draws images, not videos, and ignores it"),
@@ -90,6 +90,23 @@ def test_validate_rejects_inconsistent_values(item, message):
 def test_validate_rejects_nonsense_dgpo_values(item, message):
     with pytest.raises(ConfigError, match=message):
         validate(apply_overrides(RECIPES["glyphs_dgpo"](), [item]))
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("algorithm.kl_coef=0", r"algorithm.kl_coef=0.0: GARDO gates and refreshes the reference KL"),
+        ("algorithm.ref_update_every=0", r"algorithm.ref_update_every=0: GARDO refreshes .* set it >= 1"),
+        ("algorithm.gardo_auxiliary=[]", r"algorithm.gardo_auxiliary=\[\]: .*at least one auxiliary reward"),
+        ("algorithm.gardo_auxiliary=aesthetic", r"gardo_auxiliary=\['aesthetic'\]: .*add it there with weight 0"),
+        ("algorithm.gardo_share=0.5", r"gardo_share=0.5, gardo_share_range=\(0.02, 0.2\): need 0 < low <= "),
+        ("algorithm.gardo_share_range=[0,0.2]", r"gardo_share_range=\(0.0, 0.2\): need 0 < low"),
+        ("algorithm.gardo_kl_threshold=-1", r"algorithm.gardo_kl_threshold=-1.0 must be >= 0"),
+    ],
+)
+def test_validate_rejects_nonsense_gardo_values(item, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(apply_overrides(RECIPES["glyphs_gardo"](), [item]))
 
 
 def test_grpo_guard_refuses_cps_transitions():

@@ -76,7 +76,7 @@ def test_nft_refresh_decays_the_old_adapter_by_optimizer_steps():
     perturb(policy.transformer, "default")
     layer = lora.lora_layers(policy.transformer)[0]
     old, default = layer.lora_B["old"].weight.clone(), layer.lora_B["default"].weight.clone()
-    diffusion_nft(policy, config, None, None, None).after_update(40)
+    diffusion_nft(policy, config, None, None, None).after_update(40, {})
     d = 0.0075 * 5
     torch.testing.assert_close(layer.lora_B["old"].weight, d * old + (1 - d) * default)
 

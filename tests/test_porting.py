@@ -2,18 +2,21 @@
 re-derived here in the references' own terms (their variable names, shapes and order of operations; not their
 code): flow_grpo (SDE and CPS steps, reference KL, Diffusion-DPO), DanceGRPO (its SDE step), GRPO-Guard and
 Flow-DPPO (per sample, as Flow-Factory and the papers state them), DiffusionNFT (train_nft_sd3), DGPO
-(train_sd3_dgpo), verl (DAPO's clipped loss with dual clip, GSPO) and on-policy distillation (per-token reverse-KL
-reward, importance-sampled).
+(train_sd3_dgpo), GARDO (train_sd3_grpo_gardo, its stat tracker; flow_grpo's train_sd3_gardo is the same), verl
+(DAPO's clipped loss with dual clip, GSPO) and on-policy distillation (per-token reverse-KL reward,
+importance-sampled).
 """
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from omnialign.algorithms import dgpo, distill, nft, preference
+from omnialign.algorithms import dgpo, distill, gardo, nft, preference
+from omnialign.algorithms.advantages import group_relative
 from omnialign.algorithms.awm import matching_log_prob
 from omnialign.algorithms.policy_gradient import (
     aggregate,
@@ -297,6 +300,154 @@ def test_dgpo_matches_dgpo_train_sd3():
     expected.backward()
     loss.mean().backward()
     torch.testing.assert_close(v2.grad, v1.grad)
+
+
+class RiskCompensator:
+    """GARDO's controller of the share of samples whose KL counts, in its terms."""
+
+    def __init__(self, base=0.1, beta=0.1):
+        self.risk_buffer, self.base, self.alpha, self.beta, self.beta_min, self.beta_max = (
+            [],
+            base,
+            0.1,
+            beta,
+            0.02,
+            0.2,
+        )
+
+    def update(self, pad_scores):
+        if len(self.risk_buffer) == 0:
+            self.beta = self.base
+        elif np.mean(pad_scores) > max(self.risk_buffer):
+            self.beta = self.beta * (1 + self.alpha)
+        elif np.mean(pad_scores) < min(self.risk_buffer):
+            self.beta = self.beta * (1 - self.alpha)
+        self.beta = np.clip(self.beta, self.beta_min, self.beta_max)
+        self.risk_buffer.append(np.mean(pad_scores))
+        if len(self.risk_buffer) > 20:
+            self.risk_buffer = self.risk_buffer[-20:]
+
+
+def gardo_reference_epoch(prompts, rewards, feature_embs, dynamic_controller, num_train_timesteps=3):
+    """One epoch of train_sd3_grpo_gardo.py before training: the stat tracker's 'gardo' advantages (diversity from
+    the nearest other sample of the prompt's group, no std) and the rank-based uncertainty mask ('reward_std')."""
+    avg = np.repeat(rewards["ocr"][:, None], num_train_timesteps, axis=1)
+    dists = feature_embs / np.linalg.norm(feature_embs, ord=2, axis=1, keepdims=True)
+    advantages = np.empty_like(avg) * 0.0
+    for prompt in np.unique(prompts):
+        prompt_rewards = avg[prompts == prompt]
+        mean = np.mean(prompt_rewards, axis=0, keepdims=True)
+        prompt_dists = dists[prompts == prompt]
+        similarity_matrix = np.dot(prompt_dists, prompt_dists.T).clip(-1, 1)
+        distance_matrix = 1 - similarity_matrix
+        avg_distances = np.zeros(len(distance_matrix))
+        for i in range(len(distance_matrix)):
+            mask = np.ones(len(distance_matrix), dtype=bool)
+            mask[i] = False
+            avg_distances[i] = np.min(distance_matrix[i, mask])
+        prompt_dists = np.repeat(avg_distances[:, np.newaxis], prompt_rewards.shape[-1], axis=1)
+        prompt_dists = np.where(
+            (prompt_rewards - mean) < 0, np.ones_like(prompt_dists), prompt_dists / np.mean(prompt_dists)
+        )
+        advantages[prompts == prompt] = (prompt_rewards - mean) * prompt_dists
+    reward_std = []
+    for item in ["aesthetic", "imagereward", "ocr"]:
+        _, indices = torch.sort(torch.tensor(rewards[item]), descending=True)
+        ranks = torch.empty_like(torch.tensor(rewards[item])).long()
+        ranks[indices] = torch.arange(1, len(rewards[item]) + 1)
+        reward_std.append(ranks.float())
+    reward_std = reward_std[-1] - (reward_std[0] + reward_std[1]) / 2
+    dynamic_controller.update(np.array([p for p in reward_std.cpu().numpy() if p >= 0]))
+    threshold = np.percentile(
+        np.array([p for p in reward_std.cpu().numpy() if p >= 0]), 100 - dynamic_controller.beta * 100
+    )
+    return advantages, reward_std > threshold
+
+
+def test_gardo_advantages_and_gate_match_train_sd3_grpo_gardo():
+    """30 epochs of 4 prompts x 6 samples: the diversity-aware advantages ((r - mean) times the nearest-neighbour
+    distance over the group's mean for r >= mean, no std), the uncertainty mask (OCR's rank minus the mean rank of
+    aesthetic and imagereward, above the (1 - beta) percentile of the values >= 0) and the controller's beta, epoch
+    by epoch (the controller's window of 20 fills and slides)."""
+    g = torch.Generator().manual_seed(0)
+    controller, share = RiskCompensator(), torch.tensor(0.1, dtype=torch.float64)
+    history = torch.full((gardo.WINDOW,), torch.nan, dtype=torch.float64)
+    group = torch.arange(4).repeat_interleave(6)[torch.randperm(24, generator=g)]  # groups interleaved
+    prompts = np.array([f"prompt {i}" for i in group.tolist()])
+    betas, gated = set(), 0
+    for epoch in range(30):
+        scale = 1 + epoch % 7  # the aesthetic reward's spread varies, and with it the uncertainty level
+        rewards = {"ocr": torch.rand(24, generator=g), "aesthetic": scale * torch.randn(24, generator=g),
+                   "imagereward": torch.randn(24, generator=g)}  # fmt: skip
+        if epoch % 3 == 0:  # correlated rewards: low uncertainty
+            rewards["aesthetic"] = rewards["ocr"] + 0.05 * torch.randn(24, generator=g)
+        features = torch.randn(24, 16, generator=g)
+        expected, mask = gardo_reference_epoch(prompts, {k: v.numpy() for k, v in rewards.items()}, features.numpy(),
+                                               controller)  # fmt: skip
+        advantages = group_relative(rewards["ocr"], group, norm_by_std=False)[0]
+        weights = gardo.diversity_weights(gardo.nearest_distance(features, group), advantages, group)
+        torch.testing.assert_close(advantages * weights, torch.from_numpy(expected[:, 0]).float())
+        u = gardo.uncertainty(rewards["ocr"], torch.stack([rewards["aesthetic"], rewards["imagereward"]]))
+        share, history = gardo.adapt_share(share, history, gardo.nonnegative_mean(u), 0.02, 0.2)
+        assert share.item() == pytest.approx(controller.beta, rel=1e-12)
+        assert torch.equal(gardo.gate(u, share), mask), epoch
+        betas.add(round(float(controller.beta), 6))
+        gated += int(mask.sum())
+    assert len(betas) >= 4 and gated > 0
+
+
+def test_gardo_gated_kl_is_train_sd3_grpo_gardos_divided_by_the_step():
+    """Its kl_loss: the mean over the gated samples of (mean - mean_ref)^2 / (2 * std_dev_t^2) (flow_grpo's units);
+    ours: the batch mean of kl_weights * our KL, which is theirs / |dt| (as FlowGRPO's KL, so kl_coef and
+    gardo_kl_threshold port by |dt|)."""
+    x, v, k, g = flow_inputs(5)
+    k = torch.full((4,), 3)  # one timestep for the micro-batch, as the reference trains
+    v_ref = v + 0.3 * torch.randn(v.shape, generator=g)
+    _, _, prev_sample_mean, std_dev_t = flow_grpo_sde_step(v, x, k, 1.0, noise=torch.zeros_like(x))
+    _, _, prev_sample_mean_ref, _ = flow_grpo_sde_step(v_ref, x, k, 1.0, noise=torch.zeros_like(x))
+    idx = torch.tensor([False, True, False, True])
+    kl_loss = torch.mean((torch.square(prev_sample_mean[idx] - prev_sample_mean_ref[idx])) / (2 * std_dev_t[idx] ** 2))
+    ours_tr = sde.transition("sde", v, x, SIGMAS[k], SIGMAS[k + 1], 1.0)
+    ours_ref = sde.transition("sde", v_ref, x, SIGMAS[k], SIGMAS[k + 1], 1.0)
+    kl = gaussian_mean_kl(ours_tr.mean, ours_ref.mean, ours_tr.std) * gardo.kl_weights(idx)
+    torch.testing.assert_close(kl.mean() * (SIGMAS[3] - SIGMAS[4]), kl_loss)
+
+
+def test_gardo_reference_refresh_matches_train_sd3_grpo_gardo(monkeypatch):
+    """The reference's epoch loop: after an optimizer step whose kl_loss exceeded kl_thres the next epoch starts
+    from a refreshed reference, as does any epoch more than reset_freq after the last refresh. Ours refreshes after
+    our step s (its epoch s - 1) exactly where it refreshes at the start of epoch s."""
+    from omnialign.config import apply_overrides
+    from omnialign.engine import dist
+    from omnialign.recipes import RECIPES
+    from omnialign.trainer import objectives
+
+    g = torch.Generator().manual_seed(0)
+    kls = (torch.rand(60, generator=g) ** 4 * 2).tolist()  # mostly below kl_thres = 1, some above
+    reset_freq, thres = 5, 1.0
+    expected, reset, prev_epoch = [], False, 0
+    for epoch in range(len(kls)):
+        if (epoch != 0 and reset is True) or (epoch - prev_epoch) > reset_freq:
+            expected.append(epoch)
+            reset, prev_epoch = False, epoch
+        if kls[epoch] > thres:  # its one optimizer step's info["kl_loss"]
+            reset = True
+
+    class Reference:
+        state, count = {}, []
+
+        def refresh(self):
+            self.count.append(1)
+
+    monkeypatch.setattr(dist, "mean_across", lambda t: t)
+    config = apply_overrides(RECIPES["glyphs_gardo"](), [f"algorithm.ref_update_every={reset_freq + 1}",
+                                                         f"algorithm.gardo_kl_threshold={thres}"])  # fmt: skip
+    reference = Reference()
+    algorithm = objectives.gardo(None, config, reference, None, None)
+    ours = [s for s in range(1, len(kls) + 1) if algorithm.after_update(s, {"kl": torch.tensor(kls[s - 1])})
+            ["gardo/refreshed"]]  # fmt: skip
+    assert ours == expected and len(reference.count) == len(ours)
+    assert 0 < sum(k > thres for k in kls) and any(b - a == reset_freq + 1 for a, b in zip(expected, expected[1:]))
 
 
 def test_dapo_token_mean_with_dual_clip_matches_verl():

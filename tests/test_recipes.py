@@ -13,7 +13,7 @@ from omnialign.train import main
 GLYPHS = [name for name in RECIPES if name.startswith("glyphs")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
             "distill": "actor/distill_kl", "nft": "actor/nft/positive", "awm": "actor/clip_frac",
-            "dgpo": "actor/dgpo/weight", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
+            "dgpo": "actor/dgpo/weight", "gardo": "gardo/gated", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", GLYPHS)

@@ -23,7 +23,7 @@ SMALL = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.v
          "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
          "actor.mini_batch_size=none"]  # fmt: skip
 FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_dgpo",
-            "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
+            "glyphs_gardo", "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
 
 
 def small(name, out, *extra):
@@ -35,6 +35,8 @@ def small(name, out, *extra):
         args.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
     if config.algorithm.name == "dgpo":
         args += ["algorithm.dgpo_timesteps=1", "algorithm.dgpo_first_steps=3"]  # one level (test_recipes: two)
+    if config.algorithm.name == "gardo":  # refreshed after step 2, so step 3's KL (0) needs the checkpointed one
+        args.append("algorithm.ref_update_every=2")
     return validate(apply_overrides(config, [*args, *extra]))
 
 

@@ -9,6 +9,7 @@
 | nft | clean samples, fresh timesteps | DiffusionNFT with the `old` adapter |
 | awm | clean samples, stratified timesteps | AWM: PPO clip on the flow-matching log-likelihood surrogate |
 | dgpo | clean samples, noisiest timesteps | DGPO: group preference (advantage-weighted DPO) against the reference |
+| gardo | SDE-window transitions | FlowGRPO, KL on uncertain samples only, refreshed reference, diversity advantages |
 | online_dpo | best and worst sample of each prompt | Diffusion-DPO against the reference |
 
 The math lives in `algorithms/`; this module only calls the policy and hands tensors over.
@@ -22,6 +23,7 @@ import torch
 
 from omnialign.algorithms import awm as awm_loss
 from omnialign.algorithms import dgpo as dgpo_loss
+from omnialign.algorithms import gardo as gardo_math
 from omnialign.algorithms import nft, preference
 from omnialign.algorithms.distill import diffusion_distill
 from omnialign.algorithms.policy_gradient import dppo, dual_clip, gaussian_mean_kl, grpo_guard, ppo_clip
@@ -29,6 +31,7 @@ from omnialign.batch import CleanBatch, PairBatch, Trajectory
 from omnialign.config import Config, RolloutConfig, recomputes_old_log_probs
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
+from omnialign.engine import dist
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context
 from omnialign.trainer.actor import Inputs, Objective, infer
@@ -59,12 +62,16 @@ class Algorithm:
     objective: Objective
     batch: Callable[[Trajectory, int], Any]
     """The training batch from a scored rollout (advantages set) at a step."""
-    after_update: Callable[[int], None] = lambda step: None
-    """Runs after the optimizer steps of a training step (e.g. refreshing the `old` adapter)."""
+    after_update: Callable[[int, dict[str, torch.Tensor]], dict[str, torch.Tensor]] = lambda step, metrics: {}
+    """Runs after the optimizer steps of a training step with its update's metrics (e.g. refreshing the `old`
+    adapter); returns metrics of its own."""
     replays_window: bool = True
     """Trains on SDE-window transitions (needs rollout.window_size > 0; old log-probs may be recomputed)."""
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     """Tensors besides the trained parameters that a checkpoint keeps, by name (NFT: the frozen `old` adapter)."""
+    reshape: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] | None = None
+    """GARDO: (advantages, rewards, {reward name: rewards}, groups, nearest-neighbour distances) of every sample of
+    the step, all (B,) -> (advantages, per-sample KL weights, metrics)."""
 
 
 def policy_gradient(
@@ -77,7 +84,7 @@ def policy_gradient(
     def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         tr = replay(policy, inputs, rollout)
         old_lp, adv = inputs["old_log_prob"], inputs["advantages"]
-        if a.name == "flowgrpo":
+        if a.name in ("flowgrpo", "gardo"):
             loss, metrics = ppo_clip(tr.log_prob, old_lp, adv, a.clip_range, clip_high, a.adv_clip)
             if a.dual_clip:
                 loss = dual_clip(loss, adv.clamp(-a.adv_clip, a.adv_clip), a.dual_clip)
@@ -95,6 +102,9 @@ def policy_gradient(
             with torch.no_grad(), reference():
                 ref = replay(policy, inputs, rollout)
             kl = gaussian_mean_kl(tr.mean, ref.mean, tr.std)
+            if a.name == "gardo":  # on the gated samples only, their mean over the batch (algorithms.gardo)
+                metrics["gardo/kl_all"] = kl.detach()
+                kl = kl * inputs["kl_weights"]
             loss = loss + a.kl_coef * kl
             metrics["kl"] = kl.detach()
         if teacher is not None:
@@ -109,8 +119,8 @@ def policy_gradient(
     per_step = {**FLOW_STEP, "old_log_prob": ("old_log_probs" if recompute else "log_probs", 0)}
     if a.name in ("grpo_guard", "dppo"):
         per_step["old_mean"] = ("old_means" if recompute else "means", 0)
-    objective = Objective(fn, resident=("cond", "uncond", "advantages"), per_step=per_step)
-    return Algorithm(objective, batch=lambda traj, step: traj)
+    resident = ("cond", "uncond", "advantages", *(("kl_weights",) if a.name == "gardo" else ()))
+    return Algorithm(Objective(fn, resident=resident, per_step=per_step), batch=lambda traj, step: traj)
 
 
 def _generator(config: Config, step: int, salt: int) -> torch.Generator:
@@ -150,12 +160,13 @@ def diffusion_nft(
     batch_size = config.data.prompts_per_step * config.rollout.n
     updates = config.actor.epochs * (batch_size // (config.actor.mini_batch_size or batch_size))
 
-    def refresh(step: int) -> None:
+    def refresh(step: int, metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """After training step `step`, `step * updates` optimizer steps have run: the decay counts those, as
         DiffusionNFT's global_step does."""
         from omnialign.models.lora import blend_adapter
 
         blend_adapter(policy.transformer, "old", nft.old_decay(step * updates, a.old_schedule))
+        return {}
 
     objective = Objective(fn, resident=("x0", "noise", "cond", "advantages"), per_step={"sigma": ("sigmas", 0)})
     old_adapter = {name: p for name, p in policy.transformer.named_parameters() if ".old." in name}
@@ -264,6 +275,54 @@ def dgpo(
     return Algorithm(Objective(fn, ("x0", "cond", "advantages"), per_step), batch, replays_window=False)
 
 
+def gardo(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """GARDO on FlowGRPO: its objective with the reference KL weighted per sample (`kl_weights`, set by `reshape`:
+    the gated samples only, averaged over them); `reshape` also scales the advantages for diversity; after each
+    update the reference (`algorithm.ref_update_every`, a `Reference`) becomes the policy when the gated KL
+    exceeded `gardo_kl_threshold` or `ref_update_every` steps passed since the last refresh. The share controller's
+    state and the refresh counts are checkpointed with the reference."""
+    a = config.algorithm
+    share = torch.tensor(a.gardo_share, dtype=torch.float64)
+    history = torch.full((gardo_math.WINDOW,), torch.nan, dtype=torch.float64)
+    since, refreshes = torch.zeros(()), torch.zeros(())  # steps since the last refresh, refreshes so far
+
+    def reshape(
+        advantages: torch.Tensor,
+        rewards: torch.Tensor,
+        parts: dict[str, torch.Tensor],
+        group: torch.Tensor,
+        distance: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        weights = gardo_math.diversity_weights(distance, advantages, group)
+        u = gardo_math.uncertainty(rewards, torch.stack([parts[name] for name in a.gardo_auxiliary])).cpu()
+        level = gardo_math.nonnegative_mean(u)
+        new_share, new_history = gardo_math.adapt_share(share, history, level, *a.gardo_share_range)
+        share.copy_(new_share)
+        history.copy_(new_history)
+        gated = gardo_math.gate(u, share)
+        above = (advantages >= 0).float()
+        metrics = {"gardo/gated": gated.float().mean(), "gardo/share": share.float(),
+                   "gardo/uncertainty": level.float(),
+                   "gardo/diversity_weight": (weights * above).sum() / above.sum().clamp_min(1)}  # fmt: skip
+        return advantages * weights, gardo_math.kl_weights(gated).to(advantages.device), metrics
+
+    def refresh(step: int, metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        since.add_(1)
+        refreshed = float(dist.mean_across(metrics["kl"])) > a.gardo_kl_threshold or int(since) >= a.ref_update_every
+        if refreshed:
+            reference.refresh()
+            since.zero_()
+            refreshes.add_(1)
+        return {"gardo/refreshed": torch.tensor(float(refreshed)), "gardo/refreshes": refreshes.clone()}
+
+    state = {**reference.state, "gardo/share": share, "gardo/history": history, "gardo/since": since,
+             "gardo/refreshes": refreshes}  # fmt: skip
+    objective = policy_gradient(policy, config, reference, teacher, old).objective
+    return Algorithm(objective, lambda traj, step: traj, refresh, state=state, reshape=reshape)
+
+
 def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -> Objective:
     """Diffusion-DPO on pairs: flow-matching errors of policy and reference at a shared noise and sigma."""
     a = config.algorithm
@@ -331,9 +390,10 @@ def online_dpo(
         return pair_batch(traj.final[rows], traj.cond[rows], traj.rewards[rows], _generator(config, step, 3), config,
                           policy.train_sigmas())  # fmt: skip
 
-    def refresh(step: int) -> None:
+    def refresh(step: int, metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if step % every == 0:
             reference.refresh()
+        return {}
 
     if not every:
         return Algorithm(dpo_objective(policy, config, reference), batch, replays_window=False)
@@ -349,5 +409,6 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "nft": diffusion_nft,
     "awm": awm,
     "dgpo": dgpo,
+    "gardo": gardo,
     "online_dpo": online_dpo,
 }

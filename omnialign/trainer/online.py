@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from omnialign import rewards
 from omnialign.algorithms.advantages import group_relative
+from omnialign.algorithms.gardo import nearest_distance
 from omnialign.batch import Trajectory
 from omnialign.config import Config, recomputes_old_log_probs, training_batch
 from omnialign.data.prompts import check_sources, load_prompt_set, prompts_for_step, source_images
@@ -97,6 +98,13 @@ class OnlineTrainer:
                 all_rewards, all_groups, c.algorithm.global_std, c.algorithm.norm_by_std
             )
             mine = slice(self.dp_rank * len(reward), (self.dp_rank + 1) * len(reward))
+            shaped = {}
+            if self.algorithm.reshape is not None:  # GARDO: diversity-aware advantages, the KL's gate (pixels)
+                distance = nearest_distance(images.flatten(1), group.to(images.device)).to(device)
+                advantages, kl_weights, shaped = self.algorithm.reshape(
+                    advantages, all_rewards, all_parts, all_groups, dist.all_gather(distance, self.group)
+                )
+                traj.kl_weights = kl_weights[mine]
             traj.rewards, traj.advantages = all_rewards[mine], advantages[mine]
             batch = self.algorithm.batch(traj, step)
         if c.actor.timestep_staging:
@@ -109,7 +117,8 @@ class OnlineTrainer:
             update = actor.update(self.algorithm.objective, batch, self.params, self.optimizer, self.scheduler,
                                   self.actor_config, seed=c.seed * 1_000_003 + step, device=device,
                                   progress=self.progress, grad_scale=self.group)  # fmt: skip
-            self.algorithm.after_update(step)
+            metrics.update(self.algorithm.after_update(step, update.metrics))
+        metrics.update(shaped)
         metrics.update({f"actor/{k}": v for k, v in update.metrics.items()})
         metrics.update({f"reward/{k}": v.mean() for k, v in all_parts.items() if len(parts) > 1})
         metrics.update({

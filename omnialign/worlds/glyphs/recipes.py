@@ -132,6 +132,21 @@ def glyphs_dgpo() -> Config:
     return c
 
 
+def glyphs_gardo() -> Config:
+    """GARDO on the glyphs FlowGRPO recipe: its KL (0.1) only on the most uncertain tenth of the samples that the OCR
+    reward ranks below JPEG compressibility (scored, weight 0), about 6% of the batch; the reference refreshed when
+    that KL passes 3e-3 or every 16 steps; positive advantages scaled by their pixel-space nearest-neighbour
+    distance in their group, none divided by the reward std (the reference's settings, docs/algorithms.md)."""
+    c = _variant("glyphs_gardo", "gardo")
+    c.reward.weights = {"glyph_ocr": 1.0, "jpeg_compressibility": 0.0}
+    c.algorithm.gardo_auxiliary = ["jpeg_compressibility"]
+    c.algorithm.gardo_share = 0.1
+    c.algorithm.gardo_kl_threshold = 3e-3
+    c.algorithm.ref_update_every = 16
+    c.algorithm.norm_by_std = False
+    return c
+
+
 def glyphs_online_dpo() -> Config:
     """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against the base model (beta 800)."""
     c = _variant("glyphs_online_dpo", "online_dpo")
@@ -263,8 +278,8 @@ def debug() -> Config:
 
 
 RECIPES = {f.__name__: f for f in (glyphs, glyphs_flowgrpo, glyphs_cps, glyphs_dance, glyphs_mixgrpo, glyphs_grpo_guard,
-                                   glyphs_dppo, glyphs_nft, glyphs_awm, glyphs_dgpo, glyphs_online_dpo, glyphs_distill,
-                                   glyphs_edit, glyphs_edit_cps, glyphs_edit_mixgrpo, glyphs_edit_grpo_guard,
-                                   glyphs_edit_dppo, glyphs_edit_nft, glyphs_edit_online_dpo, glyphs_video,
-                                   glyphs_video_cps, glyphs_video_mixgrpo, glyphs_video_grpo_guard, glyphs_video_dppo,
-                                   glyphs_video_nft, glyphs_video_online_dpo, debug)}  # fmt: skip
+                                   glyphs_dppo, glyphs_nft, glyphs_awm, glyphs_dgpo, glyphs_gardo, glyphs_online_dpo,
+                                   glyphs_distill, glyphs_edit, glyphs_edit_cps, glyphs_edit_mixgrpo,
+                                   glyphs_edit_grpo_guard, glyphs_edit_dppo, glyphs_edit_nft, glyphs_edit_online_dpo,
+                                   glyphs_video, glyphs_video_cps, glyphs_video_mixgrpo, glyphs_video_grpo_guard,
+                                   glyphs_video_dppo, glyphs_video_nft, glyphs_video_online_dpo, debug)}  # fmt: skip
