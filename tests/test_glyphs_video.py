@@ -75,7 +75,7 @@ def test_prepare_video_stage_writes_a_loadable_model(tmp_path):
     for part in ("gold", "recognizer"):  # the judges the stage evaluates with
         (tmp_path / part).symlink_to(video.ASSETS / part)
     config = PretrainConfig(out=str(tmp_path), device="cpu", video_steps=2, video_batch=4, eval_every=2,
-                            stages=["video"])  # fmt: skip
+                            video_eval_seeds=1, stages=["video"])  # fmt: skip
     report = prepare_glyphs(config)
     assert report["video"][-1]["step"] == 2 and 0 <= report["video"][-1]["gold_accuracy"] <= 1
     assert "video (cpu)" in report["seconds"]

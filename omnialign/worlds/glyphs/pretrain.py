@@ -150,6 +150,8 @@ class PretrainConfig:
     model draws the asked-for digit on only part of its frames."""
     video_lr: float = 1e-3
     """Stage video: peak learning rate (one cycle)."""
+    video_eval_seeds: int = 8
+    """Stage video: seeds per digit in each evaluation (10 x this many clips)."""
 
 
 def stored_images(path: str | Path) -> torch.Tensor:
@@ -527,7 +529,7 @@ def train_video(config: PretrainConfig, out: Path, device: torch.device) -> tupl
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if step % config.eval_every == 0 or step == config.video_steps:
-            quality = evaluate_video(ema, out, device)
+            quality = evaluate_video(ema, out, device, config.video_eval_seeds)
             history.append({"step": step, "loss": loss.item(), **quality})
             bar.write(
                 f"video step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
