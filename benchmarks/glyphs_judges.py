@@ -47,24 +47,33 @@ def accepts(judge: GoldJudge, images: torch.Tensor, digits: torch.Tensor, min_pr
     return (probs.argmax(-1) == digits) & (chosen >= min_prob)
 
 
-@torch.no_grad()
-def measure(judge: GoldJudge, min_prob: float) -> dict[str, float]:
-    images, digits, marks = labelled()
-    ok = accepts(judge, images, digits, min_prob)
-    share = {m: ok[[i for i, x in enumerate(marks) if x == m]].float().mean().item() for m in ("yes", "no", "unsure")}
+def image_sets() -> dict[str, tuple[torch.Tensor, ...]]:
+    """Every set a judge is measured on, drawn once: the labelled images (images, digits, marks), then (images,
+    digits) for the renders, the distorted renders and the bold or hazy ones, and the RL hacks (images,)."""
     texts = [CHARSET[i % 10] for i in range(2000)]
     target = torch.tensor([i % 10 for i in range(2000)])
-    renders = (render(texts, seed=999) + 1) / 2
     g = torch.Generator().manual_seed(999)
-    distorted = (augment(render(texts, seed=998), g) + 1) / 2
-    bold = (augment(bold_or_hazy(render(texts, seed=997), g), g, 0.5) + 1) / 2
-    hacks = torch.load(ASSETS / "gold" / "rl_negatives.pt").float() / 255
+    return {
+        "labelled": labelled(),
+        "renders": ((render(texts, seed=999) + 1) / 2, target),
+        "distorted": ((augment(render(texts, seed=998), g) + 1) / 2, target),
+        "bold_or_hazy": ((augment(bold_or_hazy(render(texts, seed=997), g), g, 0.5) + 1) / 2, target),
+        "hacks": (torch.load(ASSETS / "gold" / "rl_negatives.pt").float() / 255,),
+    }
+
+
+@torch.no_grad()
+def measure(judge: GoldJudge, min_prob: float, sets: dict[str, tuple[torch.Tensor, ...]]) -> dict[str, float]:
+    images, digits, marks = sets["labelled"]
+    ok = accepts(judge, images, digits, min_prob)
+    share = {m: ok[[i for i, x in enumerate(marks) if x == m]].float().mean().item() for m in ("yes", "no", "unsure")}
+    (hacks,) = sets["hacks"]
     return {
         "unreadable_accepted": share["no"], "unreadable_count": marks.count("no"),
         "readable_accepted": share["yes"], "unsure_accepted": share["unsure"],
-        "renders_accepted": accepts(judge, renders, target, min_prob).float().mean().item(),
-        "distorted_accuracy": accepts(judge, distorted, target, min_prob).float().mean().item(),
-        "bold_or_hazy_accuracy": accepts(judge, bold, target, min_prob).float().mean().item(),
+        "renders_accepted": accepts(judge, *sets["renders"], min_prob).float().mean().item(),
+        "distorted_accuracy": accepts(judge, *sets["distorted"], min_prob).float().mean().item(),
+        "bold_or_hazy_accuracy": accepts(judge, *sets["bold_or_hazy"], min_prob).float().mean().item(),
         "hacks_not_a_digit": (judge(hacks * 2 - 1).argmax(-1) == NOT_A_DIGIT).float().mean().item(),
     }  # fmt: skip
 
@@ -74,11 +83,11 @@ def main() -> None:
     p.add_argument("judges", nargs="*", default=[str(ASSETS / "gold")])
     p.add_argument("--min-prob", type=float, nargs="*", default=[0.0])
     args = p.parse_args()
-    rows = []
+    rows, sets = [], image_sets()
     for path in args.judges:
         judge = GoldJudge.from_pretrained(path).eval()
         for min_prob in args.min_prob:
-            rows.append({"judge": path, "min_prob": min_prob, **measure(judge, min_prob)})
+            rows.append({"judge": path, "min_prob": min_prob, **measure(judge, min_prob, sets)})
             print(json.dumps(rows[-1]))
     keys = list(rows[0])
     print(" | ".join(keys))
