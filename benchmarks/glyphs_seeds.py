@@ -4,7 +4,7 @@ whether it collapsed, and how long it took to reach gold 0.9.
     python benchmarks/glyphs_seeds.py OUT [--into benchmarks/glyphs/seeds.json]
 
 reads OUT/runs/RECIPE_sSEED/metrics.jsonl and writes OUT/seeds.json, {recipe: {"seeds", "steps", "gold_base",
-"gold_final", "reward_final", "not_a_digit_final", "collapsed", "max_drop", "steps_to_gold_0.9",
+"gold_final", "reward_final", "not_a_digit_final", "diversity_final", "collapsed", "max_drop", "steps_to_gold_0.9",
 "images_to_gold_0.9", "seconds_to_gold_0.9", "date", "device"}} (lists in seed order), and OUT/seeds.png, the
 validation reward and gold accuracy of every recipe (median over seeds, band from min to max). A run has collapsed
 if its validation reward falls more than 0.15 below its running maximum after step 50. Seconds count the training
@@ -67,6 +67,7 @@ def summarise(out: Path) -> dict[str, dict]:
             entry["gold_final"].append(val[-1]["val/gold/accuracy"])
             entry["reward_final"].append(val[-1]["val/reward/mean"])
             entry["not_a_digit_final"].append(val[-1]["val/gold/not_a_digit"])
+            entry["diversity_final"].append(val[-1].get("val/diversity"))
             entry["max_drop"].append(round(max_drop(records), 4))
             entry["steps_to_gold_0.9"].append(step)
             entry["images_to_gold_0.9"].append(count)
@@ -125,11 +126,12 @@ def main() -> None:
     if args.into:
         merged = json.loads(args.into.read_text()) if args.into.exists() else {}
         args.into.write_text(json.dumps({**merged, **table}, indent=1))
-    print("| recipe | seeds | gold base | gold final | reward final | not a digit | collapsed | steps to gold 0.9 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| recipe | seeds | gold base | gold final | reward final | not a digit | diversity | collapsed | steps to gold 0.9 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for recipe, e in table.items():
         print(f"| {recipe} | {len(e['seeds'])} | {e['gold_base']:.3f} | {spread(e['gold_final'])} | "
-              f"{spread(e['reward_final'])} | {spread(e['not_a_digit_final'])} | {e['collapsed']} | "
+              f"{spread(e['reward_final'])} | {spread(e['not_a_digit_final'])} | "
+              f"{spread(e.get('diversity_final', [None]))} | {e['collapsed']} | "
               f"{spread(e['steps_to_gold_0.9'])} |")  # fmt: skip
 
 

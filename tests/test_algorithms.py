@@ -283,7 +283,7 @@ def test_dgpo_batch_shares_noise_per_group_and_starts_at_weight_one_half():
     x0, d = torch.randn(6, 1, 32, 32, generator=g).to(world.device), world.device
     traj = Trajectory(final=x0, latents=x0[:, None], log_probs=torch.zeros(6, 0), means=x0[:, :0],
                       sigmas=torch.zeros(6, 1), cond=policy.encode_prompts(["1", "1", "1", "4", "4", "4"]).to(d),
-                      uncond=None, group=torch.tensor([3, 3, 3, 1, 1, 1]), seeds=torch.arange(6),
+                      uncond=None, group=torch.tensor([3, 3, 3, 1, 1, 1]).to(d), seeds=torch.arange(6),
                       advantages=t(1.0, -0.5, 9.0, 0.0, 2.0, -2.0).to(d), batch_size=[6])  # fmt: skip
     algorithm = dgpo(policy, config, contexts["reference"], None, None)
     batch = algorithm.batch(traj, step=1)
