@@ -4,6 +4,8 @@ B = samples, W = SDE window steps. Indexing a container by samples (`traj[idx]`)
 field at once; `.to(device)` moves them all.
 """
 
+from dataclasses import dataclass
+
 import torch
 from tensordict import TensorDict, tensorclass
 
@@ -26,10 +28,24 @@ class Trajectory:
     old_log_probs: torch.Tensor | None = None  # (B, W) float32: recomputed before the update
     old_means: torch.Tensor | None = None  # (B, W, *latent) float32: recomputed with old_log_probs
     kl_weights: torch.Tensor | None = None  # (B,) float32, GARDO: each sample's weight of the reference KL
+    loss_weights: torch.Tensor | None = None  # (B,) float32, TempFlow-GRPO: each row's weight of the policy loss
 
     @property
     def window(self) -> int:
         return self.log_probs.shape[1]
+
+
+@dataclass
+class Branched:
+    """A branched rollout (TempFlow-GRPO): the transitions it trains (rows, R) and the images they lead to
+    (leaves, L), which the rewards score. Rows and leaves of one trunk are contiguous, in the same order."""
+
+    rows: Trajectory  # (R,) one transition each: latents (R, 2, *latent), log_probs (R, 1), means, sigmas (R, 2)
+    leaf_range: torch.Tensor  # (R, 2) int64: the leaves [first, last) a row leads to, local indices
+    row_group: torch.Tensor  # (R,) int64: rows whose advantages are normalised together (TempFlow: trunk and step)
+    row_std: torch.Tensor  # (R,) float32: the std of each row's transition
+    rewards: torch.Tensor | None = None  # (L,) float32: the leaves' rewards
+    advantages: torch.Tensor | None = None  # (L,) float32: the leaves' group-relative advantages (not trained on)
 
 
 @tensorclass

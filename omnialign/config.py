@@ -117,7 +117,13 @@ class RolloutConfig:
     window_shift_every: int = 1
     """Progressive window: training steps between shifts."""
     micro_batch_size: int = 64
-    """Samples denoised in one batched forward."""
+    """Samples denoised in one batched forward (a branched rollout: trunks or trees per chunk, and the states of
+    one forward)."""
+    branches: int = 6
+    """TempFlow-GRPO: SDE branches drawn from the trunk's state at each branch step, each finished by the ODE
+    (the reference's 6)."""
+    branch_steps: list[int] | None = None
+    """TempFlow-GRPO: the steps whose transition branches; None: every step but the last (the reference)."""
 
 
 @dataclass
@@ -163,8 +169,8 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "flowgrpo"
-    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, dgpo, gardo, online_dpo, distill, diffusion_dpo
-    (offline).
+    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, dgpo, gardo, tempflow, online_dpo, distill,
+    diffusion_dpo (offline).
     Language: grpo, dapo, gspo, opd, dpo (see docs/algorithms.md)."""
     clip_range: float = 1e-4
     """PPO ratio clip epsilon, lower side (and upper unless clip_high is set); tiny for diffusion log-probs."""
@@ -377,8 +383,10 @@ class ConfigError(ValueError):
     pass
 
 
-DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "dgpo", "gardo", "online_dpo", "distill",
-                        "diffusion_dpo")  # fmt: skip
+DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "dgpo", "gardo", "tempflow", "online_dpo",
+                        "distill", "diffusion_dpo")  # fmt: skip
+BRANCHED_ALGORITHMS = ("tempflow",)
+"""Algorithms whose rollout branches (rollout.branching): a sample is a trunk or tree, its images are leaves."""
 LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "gardo", "distill")
@@ -466,6 +474,11 @@ def recomputes_old_log_probs(config: Config) -> bool:
     return a.old_log_probs == "recompute" or (a.old_log_probs == "auto" and auto)
 
 
+def branch_steps(rollout: RolloutConfig) -> list[int]:
+    """TempFlow-GRPO's branch steps: rollout.branch_steps, or every step but the last."""
+    return list(range(rollout.steps - 1)) if rollout.branch_steps is None else rollout.branch_steps
+
+
 def training_batch(config: Config) -> tuple[int, int, str]:
     """(rows of one step's training batch across all devices, the multiple a micro-batch must be, their unit)."""
     d = config.data
@@ -473,6 +486,13 @@ def training_batch(config: Config) -> tuple[int, int, str]:
         return d.prompts_per_step, 1, "pairs: one per prompt, data.prompts_per_step"
     if config.algorithm.name == "dpo":  # a pair's chosen and rejected rows train together
         return 2 * d.prompts_per_step, 2, "rows: chosen and rejected of data.prompts_per_step pairs"
+    if config.algorithm.name in BRANCHED_ALGORITHMS:  # one row per branch transition
+        per = len(branch_steps(config.rollout)) * config.rollout.branches
+        return (
+            d.prompts_per_step * config.rollout.n * per,
+            1,
+            (f"transitions: data.prompts_per_step * rollout.n * {per} (rollout.branches x branch steps)"),
+        )
     return d.prompts_per_step * config.rollout.n, 1, "samples: data.prompts_per_step * rollout.n"
 
 
@@ -502,7 +522,9 @@ def validate(config: Config) -> Config:
     window_end = r.steps if r.window_end is None else r.window_end
     batch, multiple, unit = training_batch(config)
     checks = [
-        (r.n >= 2, f"rollout.n={r.n}: group-relative advantages need at least 2 samples per prompt"),
+        (r.n >= 2 or (r.n >= 1 and config.algorithm.name in BRANCHED_ALGORITHMS),
+         f"rollout.n={r.n}: group-relative advantages need at least 2 samples per prompt"),
+        *_branch_checks(config),
         (0 <= r.window_start < window_end <= r.steps,
          f"rollout.window_start={r.window_start}, window_end={r.window_end}: "
          f"need 0 <= start < end <= rollout.steps={r.steps}"),
@@ -604,6 +626,24 @@ def validate(config: Config) -> Config:
         if not ok:
             raise ConfigError(message)
     return config
+
+
+def _branch_checks(config: Config) -> list[tuple[bool, str]]:
+    r = config.rollout
+    if config.algorithm.name != "tempflow":
+        return []
+    steps = branch_steps(r)
+    return [
+        (r.branches >= 2,
+         f"rollout.branches={r.branches}: TempFlow-GRPO compares the branches of one state, so it needs at least 2 "
+         "(the reference: 6)"),
+        (len(steps) >= 1 and len(set(steps)) == len(steps) and all(0 <= k < r.steps for k in steps),
+         f"rollout.branch_steps={r.branch_steps}: distinct step indices in [0, rollout.steps={r.steps}); null "
+         "branches at every step but the last"),
+        (r.kind != "cps" or r.steps - 1 not in steps,
+         f"rollout.kind=cps has no noise on the last step (sigma'=0): leave step {r.steps - 1} out of "
+         "rollout.branch_steps"),
+    ]  # fmt: skip
 
 
 def _gardo_checks(config: Config) -> list[tuple[bool, str]]:

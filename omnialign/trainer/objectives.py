@@ -10,6 +10,7 @@
 | awm | clean samples, stratified timesteps | AWM: PPO clip on the flow-matching log-likelihood surrogate |
 | dgpo | clean samples, noisiest timesteps | DGPO: group preference (advantage-weighted DPO) against the reference |
 | gardo | SDE-window transitions | FlowGRPO, KL on uncertain samples only, refreshed reference, diversity advantages |
+| tempflow | branch transitions of ODE trunks | FlowGRPO per branch step, noise-aware step weights |
 | online_dpo | best and worst sample of each prompt | Diffusion-DPO against the reference |
 
 The math lives in `algorithms/`; this module only calls the policy and hands tensors over.
@@ -22,18 +23,21 @@ from typing import Any
 import torch
 
 from omnialign.algorithms import awm as awm_loss
+from omnialign.algorithms import branching, nft, preference
 from omnialign.algorithms import dgpo as dgpo_loss
 from omnialign.algorithms import gardo as gardo_math
-from omnialign.algorithms import nft, preference
+from omnialign.algorithms.advantages import group_relative
 from omnialign.algorithms.distill import diffusion_distill
 from omnialign.algorithms.policy_gradient import dppo, dual_clip, gaussian_mean_kl, grpo_guard, ppo_clip
-from omnialign.batch import CleanBatch, PairBatch, Trajectory
+from omnialign.batch import Branched, CleanBatch, PairBatch, Trajectory
 from omnialign.config import Config, RolloutConfig, recomputes_old_log_probs
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
 from omnialign.engine import dist
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context
+from omnialign.rollout.branching import generate_tempflow, leaves_per_sample
+from omnialign.rollout.diffusion import generate
 from omnialign.trainer.actor import Inputs, Objective, infer
 
 FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
@@ -69,6 +73,11 @@ class Algorithm:
     """Trains on SDE-window transitions (needs rollout.window_size > 0; old log-probs may be recomputed)."""
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     """Tensors besides the trained parameters that a checkpoint keeps, by name (NFT: the frozen `old` adapter)."""
+    rollout: Callable[..., tuple[Any, torch.Tensor]] = generate
+    """The rollout: (what `batch` takes, the images the rewards score); a branched one (TempFlow) has `leaves`
+    images per sample."""
+    leaves: int = 1
+    """Images per sample of the rollout."""
     reshape: Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] | None = None
     """GARDO: (advantages, rewards, {reward name: rewards}, groups, nearest-neighbour distances) of every sample of
     the step, all (B,) -> (advantages, per-sample KL weights, metrics)."""
@@ -84,8 +93,10 @@ def policy_gradient(
     def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         tr = replay(policy, inputs, rollout)
         old_lp, adv = inputs["old_log_prob"], inputs["advantages"]
-        if a.name in ("flowgrpo", "gardo"):
+        if a.name in ("flowgrpo", "gardo", "tempflow"):
             loss, metrics = ppo_clip(tr.log_prob, old_lp, adv, a.clip_range, clip_high, a.adv_clip)
+            if a.name == "tempflow":  # noise-aware step weights, on the policy term only (the reference's)
+                loss = loss * inputs["loss_weights"]
             if a.dual_clip:
                 loss = dual_clip(loss, adv.clamp(-a.adv_clip, a.adv_clip), a.dual_clip)
         elif a.name == "grpo_guard":
@@ -119,8 +130,32 @@ def policy_gradient(
     per_step = {**FLOW_STEP, "old_log_prob": ("old_log_probs" if recompute else "log_probs", 0)}
     if a.name in ("grpo_guard", "dppo"):
         per_step["old_mean"] = ("old_means" if recompute else "means", 0)
-    resident = ("cond", "uncond", "advantages", *(("kl_weights",) if a.name == "gardo" else ()))
+    resident = (
+        "cond",
+        "uncond",
+        "advantages",
+        *{"gardo": ("kl_weights",), "tempflow": ("loss_weights",)}.get(a.name, ()),
+    )
     return Algorithm(Objective(fn, resident=resident, per_step=per_step), batch=lambda traj, step: traj)
+
+
+def tempflow(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """TempFlow-GRPO: FlowGRPO's objective on the branch transitions of ODE trunks (`rollout.branching`), each row's
+    advantage its branch's reward against the other branches of the same trunk state, its policy loss weighted by
+    its transition's noise."""
+    a = config.algorithm
+
+    def batch(tree: Branched, step: int) -> Trajectory:
+        rows = tree.rows
+        rows.advantages = group_relative(branching.row_rewards(tree.rewards, tree.leaf_range), tree.row_group,
+                                         global_std=False, norm_by_std=a.norm_by_std)[0]  # fmt: skip
+        rows.loss_weights = branching.noise_weights(tree.row_std)
+        return rows
+
+    objective = policy_gradient(policy, config, reference, teacher, old).objective
+    return Algorithm(objective, batch, rollout=generate_tempflow, leaves=leaves_per_sample(config.rollout))
 
 
 def _generator(config: Config, step: int, salt: int) -> torch.Generator:
@@ -410,5 +445,6 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "awm": awm,
     "dgpo": dgpo,
     "gardo": gardo,
+    "tempflow": tempflow,
     "online_dpo": online_dpo,
 }

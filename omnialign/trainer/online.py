@@ -18,7 +18,7 @@ from omnialign.engine.dist import World
 from omnialign.metrics import MetricsLog, Timer, diversity, grid_path, save_grid
 from omnialign.models.base import DiffusionPolicy
 from omnialign.rewards.pairwise import group_spans
-from omnialign.rollout.diffusion import generate, generate_ode, sample_seeds
+from omnialign.rollout.diffusion import generate_ode, sample_seeds
 from omnialign.trainer import actor
 from omnialign.trainer.loop import run_loop
 from omnialign.trainer.objectives import Algorithm, log_prob_objective
@@ -82,10 +82,14 @@ class OnlineTrainer:
         c, device, phase = self.config, self.world.device, self.timer.phase
         with phase("rollout"):  # each chunk's rewards are computed while the next chunk is generated
             prompts, meta, group, seeds = self.share_of_step(step)
-            futures = []
-            traj, images = generate(self.policy, prompts, group, seeds, c.rollout, device, self.progress, step,
-                                    c.seed, on_chunk=self.submitter(prompts, meta, group, futures),
-                                    sources=self.sources(meta))  # fmt: skip
+            futures, n = [], self.algorithm.leaves  # the images of a sample: 1, or a branched rollout's leaves
+            leaf_prompts, leaf_meta = [p for p in prompts for _ in range(n)], [m for m in meta for _ in range(n)]
+            traj, images = self.algorithm.rollout(
+                self.policy, prompts, group, seeds, c.rollout, device, self.progress, step, c.seed,
+                on_chunk=self.submitter(leaf_prompts, leaf_meta, group.repeat_interleave(n), futures),
+                sources=self.sources(meta),
+            )  # fmt: skip
+            group = group.repeat_interleave(n)
         with phase("reward_wait"):
             reward, parts, reward_metrics = self.collect(futures)
         with phase("advantage"):

@@ -147,6 +147,18 @@ def glyphs_gardo() -> Config:
     return c
 
 
+def glyphs_tempflow() -> Config:
+    """TempFlow-GRPO: 8 ODE trunks a step, 4 SDE branches leaving each trunk state at each of the first 9 steps, each
+    finished by the ODE (288 images); a branch's advantage against its 3 siblings, its loss weighted by its noise."""
+    c = _variant("glyphs_tempflow", "tempflow")
+    c.rollout.n = 1  # each trunk is its own group (the reference's "seed group")
+    c.rollout.branches = 4  # the reference's 6 gives 432 images a step; 4 keeps the rollout near 3x FlowGRPO's
+    c.rollout.window_size = 0
+    c.actor.micro_batch_size = 48
+    c.actor.mini_batch_size = 144  # two updates a step, as glyphs
+    return c
+
+
 def glyphs_online_dpo() -> Config:
     """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against the base model (beta 800)."""
     c = _variant("glyphs_online_dpo", "online_dpo")
@@ -278,7 +290,8 @@ def debug() -> Config:
 
 
 RECIPES = {f.__name__: f for f in (glyphs, glyphs_flowgrpo, glyphs_cps, glyphs_dance, glyphs_mixgrpo, glyphs_grpo_guard,
-                                   glyphs_dppo, glyphs_nft, glyphs_awm, glyphs_dgpo, glyphs_gardo, glyphs_online_dpo,
+                                   glyphs_dppo, glyphs_nft, glyphs_awm, glyphs_dgpo, glyphs_gardo, glyphs_tempflow,
+                                   glyphs_online_dpo,
                                    glyphs_distill, glyphs_edit, glyphs_edit_cps, glyphs_edit_mixgrpo,
                                    glyphs_edit_grpo_guard, glyphs_edit_dppo, glyphs_edit_nft, glyphs_edit_online_dpo,
                                    glyphs_video, glyphs_video_cps, glyphs_video_mixgrpo, glyphs_video_grpo_guard,

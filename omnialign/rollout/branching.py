@@ -1,0 +1,135 @@
+"""Branched rollouts (TempFlow-GRPO): many images per sample, sharing the sample's path up to where they branch.
+
+Every state being denoised sits at the same noise level at each step (a branch drawn at step k continues from
+k + 1, as its trunk does), so one batched forward per step serves the trunks and all their branches.
+"""
+
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDict
+from tqdm import tqdm
+
+from omnialign.batch import Branched, Trajectory
+from omnialign.config import RolloutConfig, branch_steps
+from omnialign.diffusion import sde
+from omnialign.diffusion.sampling import guided_velocity, per_sample_noise
+from omnialign.models.base import DiffusionPolicy
+from omnialign.rollout.diffusion import _conditions, _generators
+
+
+def leaves_per_sample(config: RolloutConfig) -> int:
+    """Images a trunk of `generate_tempflow` leads to: rollout.branches at each branch step."""
+    return config.branches * len(branch_steps(config))
+
+
+def _velocity(
+    policy: DiffusionPolicy,
+    x: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: TensorDict,
+    uncond: TensorDict | None,
+    owner: torch.Tensor,
+    config: RolloutConfig,
+) -> torch.Tensor:
+    """The guided velocity of states x (S, *latent) at sigma (S,), state i under its trunk owner[i]'s conditions, in
+    forwards of rollout.micro_batch_size states."""
+    parts = []
+    for lo in range(0, len(x), config.micro_batch_size):
+        sl = slice(lo, lo + config.micro_batch_size)
+        index = owner[sl].to(cond.device)
+        negative = None if uncond is None else uncond[index]
+        parts.append(guided_velocity(policy.velocity, x[sl], sigma[sl], cond[index], negative, config.guidance,
+                                     config.cfg_rescale))  # fmt: skip
+    return torch.cat(parts).float()
+
+
+@torch.no_grad()
+def generate_tempflow(
+    policy: DiffusionPolicy,
+    prompts: list[str],
+    group: torch.Tensor,
+    seeds: torch.Tensor,
+    config: RolloutConfig,
+    device: torch.device,
+    progress: bool = False,
+    step: int = 0,
+    seed: int = 0,
+    on_chunk: Callable[[torch.Tensor, slice], None] = lambda images, rows: None,
+    sources: list[list[torch.Tensor]] | None = None,
+) -> tuple[Branched, torch.Tensor]:
+    """TempFlow-GRPO's rollout: each sample is a trunk denoised by the ODE; at each branch step k, `rollout.branches`
+    transitions of `rollout.kind` leave the trunk's state x_k (with the trunk's velocity), and each branch is
+    finished by the ODE. Returns the Branched rollout and the leaves' images (B * leaves_per_sample, C, H, W), a
+    trunk's leaves together, by branch step then branch; row r is leaf r's branch transition, its row group
+    (trunk, step). Noise: the trunk's own generator (its seed), the trunk's noise first, then at each branch step
+    one noise per branch. `on_chunk(images, leaves)` runs as each chunk of rollout.micro_batch_size trunks is
+    decoded; arguments otherwise as `rollout.diffusion.generate`."""
+    sigmas = policy.schedule(config.steps, config.height, config.width)
+    shape = policy.latent_shape(config.height, config.width)
+    steps, per = branch_steps(config), leaves_per_sample(config)
+    parts, images = [], []
+    chunks = range(0, len(prompts), config.micro_batch_size)
+    for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
+        sl = slice(lo, lo + config.micro_batch_size)
+        cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
+        generators = _generators(seeds[sl])
+        m = len(generators)
+        trunk = per_sample_noise(generators, shape, device)
+        tails, owner = trunk[:0], torch.zeros(0, dtype=torch.long, device=device)  # branches, each one's trunk
+        rows: dict[str, list[torch.Tensor]] = {"x": [], "x_next": [], "mean": [], "log_prob": [], "std": []}
+        trunk_ids = torch.arange(m, device=device)
+        for k in range(len(sigmas) - 1):
+            keep_trunk = k <= max(steps)
+            x = torch.cat([trunk, tails]) if keep_trunk else tails
+            who = torch.cat([trunk_ids, owner]) if keep_trunk else owner
+            sigma, sigma_next = sigmas[k].expand(len(x)).to(device), sigmas[k + 1].expand(len(x)).to(device)
+            v = _velocity(policy, x, sigma, cond, uncond, who, config)
+            x = sde.transition("ode", v, x, sigma, sigma_next, 0.0).sample
+            if not keep_trunk:
+                tails = x
+                continue
+            if k in steps:
+                v_trunk, at, to = v[:m], sigma[:m], sigma_next[:m]
+                for _ in range(config.branches):
+                    noise = per_sample_noise(generators, shape, device)
+                    tr = sde.transition(config.kind, v_trunk, trunk, at, to, config.eta, noise=noise)
+                    for key, value in zip(rows, (trunk, tr.sample, tr.mean, tr.log_prob, tr.std)):
+                        rows[key].append(value)
+                    x = torch.cat([x, tr.sample])
+                    who = torch.cat([who, trunk_ids])
+            trunk, tails, owner = x[:m], x[m:], who[m:]
+        # branches were appended by (step, branch, trunk); a trunk's leaves and rows go together, by step and branch
+        order = torch.arange(m * per, device=device).reshape(per, m).T.flatten()
+        final = tails[order]
+        decoded = torch.cat([policy.decode(final[i : i + config.micro_batch_size])
+                             for i in range(0, len(final), config.micro_batch_size)])  # fmt: skip
+        images.append(decoded)
+        on_chunk(decoded, slice(lo * per, lo * per + len(decoded)))
+        stacked = {key: torch.stack(value).flatten(0, 1)[order] for key, value in rows.items()}
+        trunk_of = torch.arange(m, device=device).repeat_interleave(per)
+        step_sigmas = torch.stack([sigmas[steps], sigmas[[k + 1 for k in steps]]], 1).to(device)  # (S, 2)
+        step_of = torch.arange(len(steps), device=device).repeat_interleave(config.branches).repeat(m)
+        parts.append(
+            (
+                Trajectory(
+                    final=final,
+                    latents=torch.stack([stacked["x"], stacked["x_next"]], 1),
+                    log_probs=stacked["log_prob"][:, None],
+                    means=stacked["mean"][:, None],
+                    sigmas=step_sigmas[step_of],
+                    cond=cond[trunk_of.to(cond.device)],
+                    uncond=None if uncond is None else uncond[trunk_of.to(uncond.device)],
+                    group=group[sl].to(device)[trunk_of],
+                    seeds=seeds[sl].to(device)[trunk_of],
+                    batch_size=[len(final)],
+                ),
+                (lo + trunk_of) * len(steps) + step_of,
+                stacked["std"],
+            )
+        )
+    rows = torch.cat([p[0] for p in parts])
+    first = torch.arange(len(rows), device=device)
+    tree = Branched(rows=rows, leaf_range=torch.stack([first, first + 1], 1),
+                    row_group=torch.cat([p[1] for p in parts]), row_std=torch.cat([p[2] for p in parts]))  # fmt: skip
+    return tree, torch.cat(images)
