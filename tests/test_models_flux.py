@@ -245,7 +245,8 @@ def test_bad_inputs_fail_clearly(policy, tmp_path):
 
 RECIPE_NAMES = [name for name in RECIPES if name.startswith("flux")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
-            "nft": "actor/nft/positive", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
+            "nft": "actor/nft/positive", "online_dpo": "actor/dpo/accuracy", "awm": "actor/clip_frac",
+            "gardo": "gardo/gated"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +286,12 @@ def test_flux_recipe_runs_two_steps(name, paths, recipe_data, tmp_path):
              "trainer.progress=false", "rollout.window_shift_every=1", f"trainer.output_dir={tmp_path}",
              'reward.weights={"jpeg_compressibility": 1}']  # fmt: skip
     if config.rollout.window_end is not None:
-        small.append("rollout.window_end=3")
+        small += ["rollout.window_end=3", f"rollout.window_size={min(config.rollout.window_size, 2)}"]
+    if config.algorithm.name == "awm":
+        small.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
+    if config.algorithm.name == "gardo":  # JPEG size ranked against its opposite: the gate has samples to pick
+        small += ['reward.weights={"jpeg_compressibility": 1, "jpeg_incompressibility": 0}', "reward.options={}",
+                  'algorithm.gardo_auxiliary=["jpeg_incompressibility"]']  # fmt: skip
     main(validate(apply_overrides(config, small)))
     assert torch.backends.cuda.cudnn_sdp_enabled()  # the recipe's engine.cudnn_attention=false stayed in its blocks
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")

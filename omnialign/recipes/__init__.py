@@ -11,7 +11,7 @@ RECIPES = {
     "qwen_image_ocr_nft_lora": qwen_image.qwen_image_ocr_nft_lora,
     "qwen_image_ocr_online_dpo_lora": qwen_image.qwen_image_ocr_online_dpo_lora,
     **qwen_image.EDIT_RECIPES,
-    "sd3_offline_dpo": sd3.sd3_offline_dpo,
+    **sd3.RECIPES,
     **flux.RECIPES,
     **wan.RECIPES,
     **choice.RECIPES,

@@ -1,4 +1,5 @@
-"""FLUX.1-dev text rendering and FLUX.1-Kontext editing recipes, FlowGRPO LoRA and its algorithm variants.
+"""FLUX.1-dev text rendering and FLUX.1-Kontext editing recipes: FlowGRPO LoRA and its algorithm variants (AWM and
+GARDO on FLUX.1-dev only, where their references run).
 
 FLUX.1-dev (`flux_ocr_*`): point `model.path` at a local FLUX.1-dev pipeline folder and `data.prompts` /
 `data.val_prompts` at the parquet files of `omnialign prepare ocr`; the reward is OCR of the quoted text.
@@ -95,6 +96,47 @@ def flux_ocr_online_dpo_lora() -> Config:
     return c
 
 
+def flux_ocr_awm_lora() -> Config:
+    """AWM on FLUX.1-dev OCR (X-GenGroup/Flow-Factory examples/awm/lora/flux1/default.yaml, a PickScore run): 48
+    prompts x 16 images of a 10-step ODE, 4 noise levels, ghuber 0.25, clip 1, advantages clipped to +-1, no
+    reference KL (its EMA-policy KL 0.1 is not implemented), lr 3e-4."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_awm_lora")
+    c.algorithm.name = "awm"
+    c.data.prompts_per_step = 48
+    c.rollout.steps, c.rollout.window_size = 10, 0
+    c.algorithm.awm_timesteps = 4  # one per stratum of steps 1-9 (the reference: of steps 0-6, sigma >= 0.3)
+    c.algorithm.awm_weighting, c.algorithm.awm_power = "ghuber", 0.25
+    c.algorithm.clip_range, c.algorithm.adv_clip = 1.0, 1.0
+    c.algorithm.kl_coef = 0.0
+    return c
+
+
+def flux_ocr_gardo_lora() -> Config:
+    """GARDO on FLUX.1-dev OCR (tinnerhrhe/GARDO config/gardo.py:hps_flux, its HPS proxy replaced by OCR): 48
+    prompts x 24 images, SDE (eta 0.9) on the first 4 of 6 steps, all trained, clip 1e-4; aesthetic and ImageReward
+    ranked beside OCR (weight 0); KL 1.3e-3 on the most uncertain tenth, reference refreshed past 2.3e-3 or after 16
+    steps (its 0.01 and 3e-4 at those steps' mean |dt| 0.13); two optimizer steps a step, no std in the advantages.
+    Set the two auxiliary models' paths in reward.options."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_gardo_lora")
+    c.algorithm.name = "gardo"
+    c.data.prompts_per_step, c.rollout.n = 48, 24
+    c.rollout.window_size, c.rollout.window_end = 4, 4
+    c.rollout.micro_batch_size, c.actor.micro_batch_size = 24, 12
+    c.actor.mini_batch_size = 576  # half the step's 1152 images: two optimizer steps, as the reference
+    c.reward.weights = {"ocr": 1.0, "aesthetic": 0.0, "image_reward": 0.0}
+    c.reward.options = {"aesthetic": {"path": "models/clip-vit-large-patch14",
+                                      "head": "models/aesthetic/sac+logos+ava1-l14-linearMSE.pth"},
+                        "image_reward": {"path": "models/image-reward"}}  # fmt: skip
+    c.algorithm.gardo_auxiliary = ["aesthetic", "image_reward"]
+    c.algorithm.clip_range = 1e-4
+    c.algorithm.kl_coef = 1.3e-3
+    c.algorithm.gardo_share = 0.1
+    c.algorithm.gardo_kl_threshold = 2.3e-3
+    c.algorithm.ref_update_every = 16
+    c.algorithm.norm_by_std = False
+    return c
+
+
 def _kontext(base: Config, name: str) -> Config:
     """A FLUX.1-dev OCR recipe moved to FLUX.1-Kontext text editing: the same algorithm settings, edit prompts of
     512x512 sources, the `ocr_edit` reward, half the micro-batches (a sample carries its source's tokens too)."""
@@ -141,7 +183,7 @@ def flux_kontext_edit_online_dpo_lora() -> Config:
 
 RECIPES = {f.__name__: f for f in (
     flux_ocr_flowgrpo_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora, flux_ocr_nft_lora,
-    flux_ocr_online_dpo_lora, flux_kontext_edit_flowgrpo_lora, flux_kontext_edit_grpo_guard_lora,
-    flux_kontext_edit_mixgrpo_lora, flux_kontext_edit_dppo_lora, flux_kontext_edit_nft_lora,
-    flux_kontext_edit_online_dpo_lora,
+    flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_kontext_edit_flowgrpo_lora,
+    flux_kontext_edit_grpo_guard_lora, flux_kontext_edit_mixgrpo_lora, flux_kontext_edit_dppo_lora,
+    flux_kontext_edit_nft_lora, flux_kontext_edit_online_dpo_lora,
 )}  # fmt: skip
