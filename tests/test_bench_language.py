@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from omnialign import bench
+from omnialign.bench.models import language_policy
 from omnialign.cli import main as cli
 
 COMMON = {"recipe", "model", "params_b", "trainable_m", "gpus", "step", "step_s", "samples_per_gpu_s", "update_s",
@@ -47,7 +47,7 @@ def test_full_size_configs_have_the_released_parameter_counts():
     expected = {("qwen3_omni", "30b-a3b"): 30.53, ("qwen3", "0.6b"): 0.60, ("qwen3", "4b"): 4.02,
                 ("qwen3", "8b"): 8.19}  # fmt: skip
     for (arch, size), billions in expected.items():
-        policy = bench.language_policy(arch, size, torch.device("meta"), torch.bfloat16)
+        policy = language_policy(arch, size, torch.device("meta"), torch.bfloat16)
         assert round(sum(p.numel() for p in policy.transformer.parameters()) / 1e9, 2) == billions
 
 

@@ -15,7 +15,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from omnialign import bench
+from omnialign.bench.language import language_trainer
+from omnialign.bench.models import wan_tokens
+from omnialign.bench.recipe import recipe_trainer
 from omnialign.config import apply_overrides, training_batch, validate
 from omnialign.engine import dist, optim
 from omnialign.metrics import read_metrics, without_timing
@@ -85,7 +87,7 @@ def test_validation_draws_the_same_images_on_cpu_and_gpu():
 def test_qwen_image_flowgrpo_lora_at_full_size(tmp_path):
     """Qwen-Image (20.4 B transformer, Qwen2.5-VL-7B encoder, VAE): rollout with true CFG, replay, update."""
     extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute"]
-    with bench.recipe_trainer("qwen_image_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
+    with recipe_trainer("qwen_image_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
         before = snapshot(trainer.policy.transformer)
         metrics = trainer.train_step(1)
     assert_stepped(trainer.policy.transformer, before, metrics)
@@ -97,7 +99,7 @@ def test_qwen_image_edit_flowgrpo_lora_at_full_size(tmp_path):
     """Qwen-Image-Edit-2509 (Qwen-Image's 20.4 B transformer, Qwen2.5-VL-7B with its vision tower, VAE): edits of
     512x512 sources (their 1024 tokens beside the image's) with true CFG: rollout, replay, update."""
     extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute"]
-    with bench.recipe_trainer("qwen_image_edit_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
+    with recipe_trainer("qwen_image_edit_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
         assert trainer.policy.edits and trainer.policy.plus
         before = snapshot(trainer.policy.transformer)
         metrics = trainer.train_step(1)
@@ -110,7 +112,7 @@ def test_flux_recipe_two_steps_on_the_tiny_twin(recipe, tmp_path):
     """FLUX.1-dev and FLUX.1-Kontext recipes (regional compile on) on their tiny twins on the GPU: two steps,
     the rollout's log-probs given back by the replay; Kontext's source latents live on the GPU with the step."""
     extra = ["algorithm.old_log_probs=recompute"]
-    with bench.recipe_trainer(recipe, 2, True, tmp_path, extra) as trainer:
+    with recipe_trainer(recipe, 2, True, tmp_path, extra) as trainer:
         for step in (1, 2):
             metrics = trainer.train_step(step)
             assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
@@ -125,7 +127,7 @@ def test_flux_flowgrpo_lora_at_full_size(recipe, tmp_path):
     guidance embedding; CLIP-L, T5-XXL, VAE) at 512x512, Kontext editing 512x512 sources (their 1024 tokens beside
     the image's): rollout with the embedded guidance, replay, update."""
     extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute"]
-    with bench.recipe_trainer(recipe, 1, False, tmp_path, extra) as trainer:
+    with recipe_trainer(recipe, 1, False, tmp_path, extra) as trainer:
         config = trainer.policy.transformer.config
         assert (config.num_layers, config.num_single_layers, config.guidance_embeds) == (19, 38, True)
         before = snapshot(trainer.policy.transformer)
@@ -139,11 +141,11 @@ def test_wan21_1_3b_flowgrpo_lora_at_full_size(tmp_path):
     frames (9 latent frames, 14040 tokens a video): two steps of rollout with true CFG 5, replay, update; every
     frame scored."""
     extra = ["rollout.n=4", "model.frames=33", "engine.compile=false", "algorithm.old_log_probs=recompute"]
-    with bench.recipe_trainer("wan21_t2v_1_3b_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
+    with recipe_trainer("wan21_t2v_1_3b_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
         config = trainer.policy.transformer.config
         assert (config.num_layers, config.num_attention_heads * config.attention_head_dim, config.ffn_dim) == (
             30, 1536, 8960)  # fmt: skip
-        assert bench.wan_tokens(trainer.policy, 480, 832) == 9 * 30 * 52
+        assert wan_tokens(trainer.policy, 480, 832) == 9 * 30 * 52
         before = snapshot(trainer.policy.transformer)
         for step in (1, 2):
             metrics = trainer.train_step(step)
@@ -195,7 +197,7 @@ def test_sd35_offline_dpo_lora_at_full_size(size):
 
 def test_qwen3_omni_thinker_dpo_at_full_size(tmp_path):
     """The Qwen3-Omni-30B-A3B thinker's text stack (30.5 B; towers shrunk, the batch is text): offline DPO, LoRA."""
-    trainer, policy, head = bench.language_trainer("qwen3_omni_dpo", 2, False, tmp_path, seq_len=1024)
+    trainer, policy, head = language_trainer("qwen3_omni_dpo", 2, False, tmp_path, seq_len=1024)
     before = snapshot(policy.transformer)
     metrics = trainer.train_step(1)
     assert head["params_b"] > 30
@@ -214,7 +216,7 @@ def test_gspo_at_full_size(recipe, size, lora, tmp_path):
     extra = ["rollout.n=8", "actor.mini_batch_size=32", random_rewards]  # random weights answer nothing
     if lora and recipe == "choice_gspo":
         extra += ["model.lora.rank=32"]
-    trainer, policy, _ = bench.language_trainer(recipe, 4, False, tmp_path, extra, model_size=size, max_new_tokens=64)
+    trainer, policy, _ = language_trainer(recipe, 4, False, tmp_path, extra, model_size=size, max_new_tokens=64)
     assert trainer.config.algorithm.old_log_probs == "auto"
     before = snapshot(policy.transformer)
     metrics = trainer.train_step(1)

@@ -15,7 +15,7 @@ from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from peft import LoraConfig, get_peft_model
 from PIL import Image
 
-from omnialign import bench
+from omnialign.bench.models import flux_layers_and_tokens, full_flux
 from omnialign.cli import main as cli
 from omnialign.config import ModelConfig, apply_overrides, validate
 from omnialign.data.ocr import prepare_ocr
@@ -246,7 +246,7 @@ def test_bad_inputs_fail_clearly(policy, tmp_path):
 RECIPE_NAMES = [name for name in RECIPES if name.startswith("flux")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
             "nft": "actor/nft/positive", "online_dpo": "actor/dpo/accuracy", "awm": "actor/clip_frac",
-            "gardo": "gardo/gated"}  # fmt: skip
+            "gardo": "gardo/gated", "tempflow": "actor/clip_frac"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +292,8 @@ def test_flux_recipe_runs_two_steps(name, paths, recipe_data, tmp_path):
     if config.algorithm.name == "gardo":  # JPEG size ranked against its opposite: the gate has samples to pick
         small += ['reward.weights={"jpeg_compressibility": 1, "jpeg_incompressibility": 0}', "reward.options={}",
                   'algorithm.gardo_auxiliary=["jpeg_incompressibility"]']  # fmt: skip
+    if config.algorithm.name == "tempflow":  # one prompt's 2 trunks x 2 branches at steps 0 and 1: 8 images and rows
+        small += ["data.prompts_per_step=1", "rollout.steps=3", "rollout.branches=2"]
     main(validate(apply_overrides(config, small)))
     assert torch.backends.cuda.cudnn_sdp_enabled()  # the recipe's engine.cudnn_attention=false stayed in its blocks
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")
@@ -303,14 +305,14 @@ def test_flux_recipe_runs_two_steps(name, paths, recipe_data, tmp_path):
 def test_full_size_flux_has_the_released_parameter_counts():
     """`omnialign bench recipe`'s FLUX.1 builder on the meta device: the released transformer, CLIP-L, T5-XXL encoder
     and VAE parameter counts."""
-    policy = bench.full_flux(torch.device("meta"), 128, ModelConfig(arch="flux_kontext"))
+    policy = full_flux(torch.device("meta"), 128, ModelConfig(arch="flux_kontext"))
     counts = [sum(p.numel() for p in m.parameters()) for m in (policy.transformer, *policy.text_encoders, policy.vae)]
     assert counts == [11_901_408_320, 123_060_480, 4_762_310_656, 83_819_683]
     assert policy.edits and policy.guidance == 2.5 and len(policy.blocks()) == 57
     # MFU's FLUX shape: 57 blocks; 512x512 gives 1024 tokens, and a 512x512 source 4096 more resized to 1024x1024
-    assert bench.flux_layers_and_tokens(policy, 512, 512) == (57, 1024 + 4096)
+    assert flux_layers_and_tokens(policy, 512, 512) == (57, 1024 + 4096)
     policy.source_resolutions = None  # model.source_resize=false: the source keeps its size
-    assert bench.flux_layers_and_tokens(policy, 512, 512) == (57, 1024 + 1024)
+    assert flux_layers_and_tokens(policy, 512, 512) == (57, 1024 + 1024)
 
 
 def test_bench_recipe_tiny_rows_for_kontext(tmp_path):

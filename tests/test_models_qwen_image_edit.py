@@ -23,7 +23,8 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
-from omnialign import bench
+from omnialign.bench.models import qwen_image_edit_tokens
+from omnialign.bench.recipe import bench_recipe
 from omnialign.config import ModelConfig, apply_overrides, validate
 from omnialign.diffusion.sampling import per_sample_noise, sample
 from omnialign.metrics import read_metrics
@@ -289,11 +290,11 @@ def test_qwen_image_edit_recipe_runs_with_its_ocr_reward_on_the_single_image_lay
 def test_bench_recipe_runs_the_tiny_twin_and_counts_the_source_tokens(tmp_path):
     """`omnialign bench recipe --tiny` on the edit recipe; its FLOPs count each sample's source tokens among the
     image tokens and their vision tokens among the text tokens, as a condition of the policy holds them."""
-    rows = bench.bench_recipe(EDIT_RECIPES[0], 1, 1, True, 1.0, tmp_path, ["engine.compile=false"])
+    rows = bench_recipe(EDIT_RECIPES[0], 1, 1, True, 1.0, tmp_path, ["engine.compile=false"])
     assert rows[0]["images"] == 4 and rows[0]["images_per_gpu_s"] > 0 and rows[0]["rollout_s"] > 0
     config = ModelConfig(arch="qwen_image_edit", path=str(tmp_path / "tiny"), source_resize=False, text_tokens=128)
     policy = LOADERS["qwen_image_edit"](config)
     cond = policy.encode_prompts(["x"], [[source(0, 3, 32, 32)]])  # the bench's sources are of the rollout size
-    image_tokens, text_tokens = bench.qwen_image_edit_tokens(policy, 32, 32)
+    image_tokens, text_tokens = qwen_image_edit_tokens(policy, 32, 32)
     assert image_tokens == 16 + cond["sources", "0"].shape[1] * cond["sources", "0"].shape[2] == 32
     assert text_tokens == cond["embeds"].shape[1] > 128

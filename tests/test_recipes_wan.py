@@ -10,7 +10,9 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 
-from omnialign import bench
+from omnialign.bench.models import WAN as WAN_TRANSFORMERS
+from omnialign.bench.models import full_wan, wan_flops, wan_tokens
+from omnialign.bench.recipe import bench_recipe, write_bench_prompts
 from omnialign.config import apply_overrides, validate
 from omnialign.metrics import read_metrics
 from omnialign.models import lora, tiny
@@ -55,10 +57,10 @@ def test_full_size_builder_and_lora_targets(folder, blocks, params):
     self- and cross-attention and the 2 MLP layers of every block, 10 per block."""
     c = RECIPES["wan21_t2v_14b_ocr_flowgrpo_lora" if "14B" in folder else "wan21_t2v_1_3b_ocr_flowgrpo_lora"]()
     assert c.model.path == f"models/{folder}"
-    policy = bench.full_wan(torch.device("meta"), c.model)
+    policy = full_wan(torch.device("meta"), c.model)
     counts = [sum(p.numel() for p in m.parameters()) for m in (policy.transformer, policy.text_encoder, policy.vae)]
     assert counts == [params, 5_680_910_336, 126_892_531] and len(policy.blocks()) == blocks
-    assert bench.wan_tokens(policy, 480, 832) == 21 * 30 * 52  # latent frames x H/16 x W/16
+    assert wan_tokens(policy, 480, 832) == 21 * 30 * 52  # latent frames x H/16 x W/16
     lora.apply_lora(policy.transformer, 4, 8, LORA_TARGETS)
     wrapped = {n.rsplit(".lora_A", 1)[0] for n, _ in policy.transformer.named_modules() if n.endswith(".lora_A")}
     assert len(wrapped) == 10 * blocks
@@ -70,7 +72,7 @@ def test_full_size_builder_and_lora_targets(folder, blocks, params):
 def test_a14b_builder_has_two_experts_and_its_window_stays_in_the_high_noise_steps():
     """Every step an A14B recipe's window can train has sigma >= boundary_ratio (the trained expert's), and the
     window uses them all."""
-    policy = bench.full_wan(torch.device("meta"), RECIPES[A14B[0]]().model)
+    policy = full_wan(torch.device("meta"), RECIPES[A14B[0]]().model)
     assert policy.boundary_ratio == wan.A14B_BOUNDARY and policy.transformer_2 is not None and policy.shift == 12.0
     for name in A14B:
         c = RECIPES[name]()
@@ -79,14 +81,14 @@ def test_a14b_builder_has_two_experts_and_its_window_stays_in_the_high_noise_ste
         assert end == 13 and c.rollout.window_start == 0 and c.rollout.window_size <= end and c.model.shift == 12.0
         assert (sigmas[:end] >= wan.A14B_BOUNDARY).all() and sigmas[end] < wan.A14B_BOUNDARY
     with pytest.raises(ValueError, match="model.path='models/Wan2.1-T2V-13B': .* set model.path=models/NAME"):
-        bench.full_wan(torch.device("meta"), apply_overrides(RECIPES[WAN[0]](), ["model.path=models/Wan2.1-T2V-13B"]
-                                                             ).model)  # fmt: skip
+        full_wan(torch.device("meta"), apply_overrides(RECIPES[WAN[0]](), ["model.path=models/Wan2.1-T2V-13B"]
+                                                       ).model)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
     root = tmp_path_factory.mktemp("wan")
-    bench.write_bench_prompts(root / "prompts.parquet", False, 16, 32)
+    write_bench_prompts(root / "prompts.parquet", False, 16, 32)
     pq.write_table(pq.read_table(root / "prompts.parquet").slice(0, 2), root / "val.parquet")  # validation: 2 videos
     return {"prompts": root / "prompts.parquet", "val": root / "val.parquet", "wan21": tiny.wan(root / "wan21"),
             "a14b": tiny.wan(root / "a14b", seed=1, boundary_ratio=wan.A14B_BOUNDARY)}  # fmt: skip
@@ -120,8 +122,8 @@ def test_recipe_runs_two_steps_on_the_tiny_twin(name, twins, tmp_path):
 
 def test_bench_recipe_tiny_counts_videos(tmp_path):
     """`omnialign bench recipe --tiny` on a Wan recipe: a row of videos per GPU per second."""
-    (row,) = bench.bench_recipe("wan21_t2v_1_3b_ocr_flowgrpo_lora", 1, 1, True, 1.0, tmp_path,
-                                ["rollout.steps=4", "rollout.window_end=3"])  # fmt: skip
+    (row,) = bench_recipe("wan21_t2v_1_3b_ocr_flowgrpo_lora", 1, 1, True, 1.0, tmp_path,
+                          ["rollout.steps=4", "rollout.window_end=3"])  # fmt: skip
     assert row["videos"] == 4 and row["videos_per_gpu_s"] > 0 and row["rollout_s"] > 0 and "images" not in row
     assert row["update_s"] > 0 and "tflop_per_video" in row
 
@@ -130,8 +132,8 @@ def test_wan_flops_count_every_linear_layer_of_a_block():
     """MFU's FLOPs: 2 per multiply-add of each linear layer of a released block (cross-attention's keys and values
     over the text tokens, every other layer over the video tokens), plus the two attentions' products."""
     with torch.device("meta"):
-        block = WanTransformer3DModel(**bench.WAN["Wan2.1-T2V-1.3B-Diffusers"]).blocks[0]
+        block = WanTransformer3DModel(**WAN_TRANSFORMERS["Wan2.1-T2V-1.3B-Diffusers"]).blocks[0]
     n, t, d, ffn = 1000, 512, 1536, 8960
     linear = sum(2 * m.in_features * m.out_features * (t if name in ("attn2.to_k", "attn2.to_v") else n)
                  for name, m in block.named_modules() if isinstance(m, torch.nn.Linear))  # fmt: skip
-    assert bench.wan_flops(1, d, ffn, n, t) == linear + 4 * n * n * d + 4 * n * t * d
+    assert wan_flops(1, d, ffn, n, t) == linear + 4 * n * n * d + 4 * n * t * d

@@ -1,0 +1,126 @@
+"""`decode`: sampling from a Qwen3 of `--model-size` (random weights, bf16) by each decoder in turn, side by side:
+transformers' `generate` with its dynamic and its static cache (the log-prob recorder of the rollout on), and
+omnialign's static-cache decoder (rollout/decode.py) with an eager and a CUDA-graph decode step. `--prompts`
+prompts (the batch, default 128) of `--prompt-len` random byte tokens, `--max-new-tokens` sampled tokens
+(temperature 1, no filters; random weights rarely stop a row, and a call ends only when every row has).
+Per decoder: seconds of the whole call, of the prefill and first token, tokens/s overall
+and of the decode steps alone ((N - 1) tokens over the time beyond the first), their share of the memory-
+bandwidth bound, the largest and mean gap between the recorded log-probs and the training forward's
+(`token_logprobs` on the sampled sequences), peak memory. The bound: every step reads the weights (less the
+input embedding table, of which it reads B rows) and the keys and values of the mean context
+(prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (4.8 for an H200): B x bandwidth / bytes per step.
+"""
+
+import json
+import time
+
+import torch
+
+from omnialign.bench.models import language_policy
+
+GSPO_CLIP = 3e-4  # choice_gspo's lower clip range: a sequence whose mean log-ratio exceeds it is clipped at once
+
+
+def training_logprobs(policy, ids: torch.Tensor, out: torch.Tensor, keep: torch.Tensor,
+                      head_dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
+    """The training forward's log-probs (B, R) of responses `out` to prompts `ids` (no padding) through the kept
+    tokens, 16 sequences at a time; `head_dtype` bfloat16 runs the output head in the network's own dtype instead
+    (what the decoders recorded before their head was float32)."""
+    parts = []
+    with torch.no_grad():
+        for lo in range(0, len(ids), 16):
+            full = torch.cat([ids[lo : lo + 16], out[lo : lo + 16]], 1)
+            mask = torch.cat([torch.ones_like(ids[lo : lo + 16]), keep[lo : lo + 16].long()], 1)
+            if head_dtype == torch.float32:
+                parts.append(policy.token_logprobs(full, mask, None, ids.shape[1]))
+            else:
+                logits = policy.transformer(input_ids=full, attention_mask=mask, use_cache=False).logits
+                logp = logits[:, ids.shape[1] - 1 : -1].float().log_softmax(-1)
+                parts.append(logp.gather(-1, full[:, ids.shape[1] :, None]).squeeze(-1))
+    return torch.cat(parts)
+
+
+def logprob_gaps(reference: torch.Tensor, lp: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
+    """Recorded log-probs `lp` (B, R) against `reference` over the kept tokens: the mean and largest |difference| per
+    token, the largest |mean difference| of a sequence (GSPO's log-ratio at the first update) and the share of
+    sequences whose mean exceeds GSPO_CLIP."""
+    keep = keep.float()
+    diff = (reference - lp.float()) * keep
+    seq = diff.sum(-1) / keep.sum(-1)
+    return {"logprob_gap_mean": round(float(diff.abs().sum() / keep.sum()), 5),
+            "logprob_gap_max": round(float(diff.abs().max()), 4), "seq_gap_max": round(float(seq.abs().max()), 5),
+            "gspo_clipped": round(float((seq.abs() > GSPO_CLIP).float().mean()), 3)}  # fmt: skip
+
+
+def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_new_tokens: int,
+                 bandwidth: float, logit_scale: float = 1.0) -> list[dict]:  # fmt: skip
+    """The decoders side by side on one Qwen3 of `model_size` with random weights (bf16; `--tiny`: the tiny
+    twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic logits: random weights
+    give logits of about unit spread, a trained model's spread over tens): see the module docstring."""
+    from omnialign.rollout import decode
+
+    cuda = torch.cuda.is_available() and not tiny
+    device = torch.device("cuda" if cuda else "cpu")
+    policy = language_policy("qwen3", "tiny" if tiny else model_size, device, torch.float32 if tiny else torch.bfloat16)
+    net = policy.transformer.eval()
+    with torch.no_grad():
+        net.model.norm.weight.mul_(logit_scale)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (batch, prompt_len), generator=g).to(device)  # byte tokens, no special ones
+    mask = torch.ones_like(ids)
+    stop, pad = policy.stop_token_ids, policy.pad_token_id
+    hf = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+    def transformers(cache: dict):
+        return lambda n: policy.generate(ids, mask, None, {**hf, **cache, "max_new_tokens": n})
+
+    decoders = {
+        "transformers generate, dynamic cache": transformers({}),
+        "transformers generate, static cache": transformers({"cache_implementation": "static"}),
+        "omnialign static cache, eager step": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=False),
+        "omnialign static cache, CUDA graph": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=cuda),
+    }
+    layers, kv_heads = net.config.num_hidden_layers, net.config.num_key_value_heads
+    weights = sum(p.numel() * p.element_size() for p in net.parameters())
+    if not net.config.tie_word_embeddings:  # a step reads B rows of the input embedding, not the table
+        weights -= net.model.embed_tokens.weight.numel() * net.model.embed_tokens.weight.element_size()
+    mean_len = prompt_len + (max_new_tokens + 1) / 2
+    kv = 2 * layers * kv_heads * net.config.head_dim * 2 * batch * mean_len  # bf16 keys and values
+    bound = batch * bandwidth * 1e12 / (weights + kv)
+    rows = []
+    for name, run in decoders.items():
+
+        def timed(n: int, run=run) -> tuple[float, torch.Tensor, torch.Tensor]:
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out, lp = run(n)
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - start, out, lp
+
+        torch.manual_seed(0)
+        timed(4)  # warm-up
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        first, _, _ = timed(1)
+        total, out, lp = timed(max_new_tokens)
+        is_stop = torch.isin(out, torch.tensor(stop, device=out.device)).long()
+        keep = is_stop.cumsum(1) - is_stop == 0  # through each row's stop token
+        reference = training_logprobs(policy, ids, out, keep)
+        gaps = logprob_gaps(reference, lp, keep)
+        decode_tps = batch * (out.shape[1] - 1) / max(total - first, 1e-9)
+        row = {"decoder": name, "model": f"qwen3-{'tiny' if tiny else model_size}", "batch": batch,
+               "prompt_len": prompt_len, "new_tokens": out.shape[1], "seconds": round(total, 3),
+               "prefill_and_first_s": round(first, 3), "tokens_per_s": round(batch * out.shape[1] / total, 1),
+               "decode_tokens_per_s": round(decode_tps, 1), "bound_tokens_per_s": round(bound, 1),
+               "share_of_bound": round(decode_tps / bound, 3), **gaps,
+               "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    # what a bf16 output head alone adds: the training forward with its head in bf16, on the last decoder's tokens
+    bf16_head = training_logprobs(policy, ids, out, keep, torch.bfloat16)
+    rows.append({k: None for k in rows[-1]} | {"decoder": "training forward, bf16 head (reference)",
+                                               **logprob_gaps(reference, bf16_head, keep)})  # fmt: skip
+    print(json.dumps(rows[-1]), flush=True)
+    return rows

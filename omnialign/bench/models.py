@@ -1,0 +1,245 @@
+"""The benchmarks' full-size pipelines with random weights, built in memory (Qwen-Image and Qwen-Image-Edit, FLUX.1,
+Wan, the Qwen3-Omni thinker and Qwen3), and the transformer FLOP counts behind the recipe bench's MFU."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from diffusers import QwenImageTransformer2DModel
+
+from omnialign.config import ModelConfig
+from omnialign.models.base import LanguagePolicy
+from omnialign.models.flux import GUIDANCE, PREFERRED_KONTEXT_RESOLUTIONS, FluxPolicy
+from omnialign.models.qwen_image import QwenImagePolicy
+from omnialign.models.wan import MAX_SEQUENCE_LENGTH, WanPolicy
+
+
+@contextmanager
+def built_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Modules made inside are created on `device` in `dtype` (random full-size weights without a host copy); the
+    default dtype is restored after."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                  num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56))  # fmt: skip
+
+
+def full_qwen_image(
+    device: torch.device, text_tokens: int, edit: bool = False, source_resize: bool = True
+) -> QwenImagePolicy:
+    """The Qwen-Image pipeline at its released sizes with random weights, built on `device` in bf16; with `edit`,
+    Qwen-Image-Edit-2509 (the same parts, Qwen2.5-VL's image processor; sources sized as `source_resize` says)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from omnialign.models.qwen_image_edit import QwenImageEditPolicy
+    from omnialign.models.tiny import QWEN_IMAGE_SCHEDULER, qwen2_tokenizer, qwen_vl_image_processor
+
+    text = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6,
+                rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default"})  # fmt: skip
+    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584)
+    with built_on(device, torch.bfloat16):
+        transformer = QwenImageTransformer2DModel(**QWEN_IMAGE)
+        encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+        vae = AutoencoderKLQwenImage()
+    vae, encoder = vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
+    if edit:
+        return QwenImageEditPolicy(transformer, vae, encoder, qwen2_tokenizer(), qwen_vl_image_processor(), scheduler,
+                                   plus=True, max_sequence_length=text_tokens, source_resize=source_resize)  # fmt: skip
+    return QwenImagePolicy(transformer, vae, encoder, qwen2_tokenizer(), scheduler, max_sequence_length=text_tokens)
+
+
+# The released FLUX.1-dev / FLUX.1-Kontext-dev transformer (the class defaults, with the guidance embedding).
+FLUX = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+            axes_dims_rope=(16, 56, 56))  # fmt: skip
+
+
+def full_flux(device: torch.device, text_tokens: int, model: ModelConfig) -> FluxPolicy:
+    """The FLUX.1-dev (or, for model.arch=flux_kontext, FLUX.1-Kontext-dev) pipeline at its released sizes with
+    random weights, built on `device` in bf16: the transformer, CLIP-L, T5-XXL's encoder, the VAE. The tiny
+    byte-level CLIP and character-level T5 tokenizers stand in (the prompts are synthetic)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    from omnialign.models.tiny import FLUX_SCHEDULER, clip_tokenizer, t5_tokenizer
+
+    clip_tok, t5_tok = clip_tokenizer(), t5_tokenizer()
+    clip = CLIPTextConfig(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                          num_hidden_layers=12, max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768,
+                          bos_token_id=clip_tok.bos_token_id, eos_token_id=clip_tok.eos_token_id,
+                          pad_token_id=clip_tok.pad_token_id)  # fmt: skip
+    t5 = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                  feed_forward_proj="gated-gelu", decoder_start_token_id=0)  # fmt: skip
+    with built_on(device, torch.bfloat16):
+        transformer = FluxTransformer2DModel(**FLUX)
+        encoders = (CLIPTextModel(clip), T5EncoderModel(t5))
+        vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                            block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=16,
+                            sample_size=1024, use_quant_conv=False, use_post_quant_conv=False,
+                            scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
+    return FluxPolicy(transformer, vae.requires_grad_(False).eval(), tuple(e.requires_grad_(False).eval() for e in
+                      encoders), (clip_tok, t5_tok), FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER),
+                      guidance=GUIDANCE[model.arch] if model.embedded_guidance is None else model.embedded_guidance,
+                      edits=model.arch == "flux_kontext",
+                      source_resolutions=PREFERRED_KONTEXT_RESOLUTIONS if model.source_resize else None,
+                      max_sequence_length=text_tokens)  # fmt: skip
+
+
+# The released Wan transformers by the folder name of a recipe's model.path (diffusers' defaults are the 14B's:
+# dim 5120 = 40 heads of 128, 40 layers, ffn 13824, text_dim 4096, 16 latent channels, patch (1, 2, 2)).
+# A14B: two experts of the 14B's shape, the high-noise one above its boundary_ratio.
+WAN = {
+    "Wan2.1-T2V-1.3B-Diffusers": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30),
+    "Wan2.1-T2V-14B-Diffusers": {},
+    "Wan2.2-T2V-A14B-Diffusers": {},
+}
+WAN_BOUNDARY = {"Wan2.2-T2V-A14B-Diffusers": 0.875}
+# google/umt5-xxl's encoder, the text encoder of every Wan pipeline.
+UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                feed_forward_proj="gated-gelu", decoder_start_token_id=0)  # fmt: skip
+
+
+def full_wan(device: torch.device, model: ModelConfig) -> WanPolicy:
+    """The Wan pipeline named by `model.path`'s folder (a key of `WAN`) at its released sizes with random weights,
+    built on `device` in bf16: the transformer (Wan 2.2 A14B: both experts), the UMT5-XXL encoder, the Wan 2.1 VAE
+    (`AutoencoderKLWan`'s default config). The tiny character-level T5 tokenizer stands in (the prompts are
+    synthetic)."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from omnialign.models.tiny import t5_tokenizer
+
+    name = Path(model.path or "").name
+    if name not in WAN:
+        raise ValueError(f"model.path={model.path!r}: the full-size Wan benchmark builds a folder named one of "
+                         f"{sorted(WAN)}; set model.path=models/NAME")  # fmt: skip
+    boundary = WAN_BOUNDARY.get(name)
+    with built_on(device, torch.bfloat16):
+        transformer = WanTransformer3DModel(**WAN[name])
+        second = None if boundary is None else WanTransformer3DModel(**WAN[name])
+        encoder = UMT5EncoderModel(UMT5Config(**UMT5_XXL))
+        vae = AutoencoderKLWan()
+    return WanPolicy(transformer, vae.requires_grad_(False).eval(), encoder.requires_grad_(False).eval(),
+                     t5_tokenizer(), shift=model.shift or 3.0, frames=model.frames,
+                     transformer_2=None if second is None else second.requires_grad_(False).eval(),
+                     boundary_ratio=boundary,
+                     max_sequence_length=model.text_tokens or MAX_SEQUENCE_LENGTH)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- language models
+
+# The text stack of the Qwen3-Omni-30B-A3B thinker (released config): every layer MoE (128 experts of 768, 8 per
+# token, so `intermediate_size` is unused), 32 query / 4 key-value heads of 128, interleaved M-RoPE.
+QWEN3_OMNI_TEXT = dict(vocab_size=152064, hidden_size=2048, moe_intermediate_size=768, num_hidden_layers=48,
+                       num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                       num_experts_per_tok=8, max_position_embeddings=65536, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20],
+                                        "mrope_interleaved": True})  # fmt: skip
+# Released Qwen3 dense sizes (vocab 151936, head_dim 128, rope theta 1e6); the small ones tie their embeddings.
+QWEN3_SIZES = {
+    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, tie_word_embeddings=True),
+    "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, tie_word_embeddings=True),
+    "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, tie_word_embeddings=True),
+    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, tie_word_embeddings=False),
+    "14b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                num_key_value_heads=8, tie_word_embeddings=False),
+}  # fmt: skip
+QWEN3_COMMON = dict(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+
+
+def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dtype) -> LanguagePolicy:
+    """A `LanguagePolicy` with random weights built on `device` in `dtype`: the Qwen3-Omni-30B-A3B thinker
+    (`arch` qwen3_omni; full-size text stack, shrunk towers) or a Qwen3 causal LM of `size` (a key of
+    QWEN3_SIZES); `size="tiny"` gives the tiny twin of either. The byte-level tokenizer of the tiny models
+    (ids below 266) stands in for Qwen's: the benchmark's text is synthetic."""
+    from transformers import (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3OmniMoeThinkerConfig,
+        Qwen3OmniMoeThinkerForConditionalGeneration,
+    )
+
+    from omnialign.models.qwen3 import CausalLMPolicy
+    from omnialign.models.qwen3_omni import OmniThinkerPolicy
+    from omnialign.models.tiny import TINY_OMNI_TEXT, byte_tokenizer, qwen3_sizes, thinker_config
+
+    tokenizer = byte_tokenizer()
+    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    with built_on(device, dtype):
+        if arch == "qwen3_omni":
+            text = {**(TINY_OMNI_TEXT if size == "tiny" else QWEN3_OMNI_TEXT), **special}
+            config = Qwen3OmniMoeThinkerConfig(**thinker_config(text, tokenizer))  # shrunk towers
+            net = Qwen3OmniMoeThinkerForConditionalGeneration(config)
+        elif arch == "qwen3":
+            sizes = qwen3_sizes() if size == "tiny" else {**QWEN3_COMMON, **QWEN3_SIZES[size]}
+            net = Qwen3ForCausalLM(Qwen3Config(**sizes, **special))
+        else:
+            raise ValueError(f"model.arch={arch!r}: the language benchmark builds qwen3 or qwen3_omni")
+    net.generation_config.eos_token_id = special["eos_token_id"]
+    net.generation_config.pad_token_id = special["pad_token_id"]
+    if arch == "qwen3_omni":
+        return OmniThinkerPolicy(net, tokenizer, None, None)  # no media: no image processor, no feature extractor
+    return CausalLMPolicy(net, tokenizer)
+
+
+# --------------------------------------------------------------------------- FLOP counts
+
+
+def transformer_flops(layers: int, dim: int, image_tokens: int, text_tokens: int) -> float:
+    """MM-DiT forward FLOPs of one sample: dense layers per stream (24 L d^2 per token) + joint attention."""
+    tokens = image_tokens + text_tokens
+    return 24 * layers * dim**2 * tokens + 4 * layers * dim * tokens**2
+
+
+def flux_layers_and_tokens(policy, height: int, width: int) -> tuple[int, int]:
+    """FLUX's blocks (double- and single-stream: the same dense FLOPs per token) and image tokens per sample: the
+    noisy tokens and, for Kontext, those of a source of the output size as the policy prepares it."""
+    tc, multiple = policy.transformer.config, policy.vae_scale_factor * 2
+    grid = policy.latent_shape(height, width)
+    tokens = grid[0] * grid[1]
+    if policy.edits:
+        source = policy.source_pixels(torch.zeros(3, height, width)).shape
+        tokens += source[1] // multiple * (source[2] // multiple)
+    return tc.num_layers + tc.num_single_layers, tokens
+
+
+def qwen_image_edit_tokens(policy, height: int, width: int) -> tuple[int, int]:
+    """Qwen-Image-Edit's image tokens per sample (the noisy ones and those of a source of the output size as the
+    policy sizes it) and its text tokens (that source's vision tokens and the padded instruction)."""
+    (w, h), (vision_w, vision_h) = policy.source_sizes(width, height)
+    multiple, merge = policy.vae_scale_factor * 2, policy.image_processor.merge_size
+    grid = policy.latent_shape(height, width)
+    vision = policy.image_processor.get_number_of_image_patches(vision_h, vision_w) // merge**2
+    return grid[0] * grid[1] + (h // multiple) * (w // multiple), vision + policy.max_sequence_length
+
+
+def wan_tokens(policy, height: int, width: int) -> int:
+    """Wan's video tokens per sample: latent frames x (H / 16) x (W / 16) for the released VAE and patch (1, 2, 2)."""
+    _, frames, h, w = policy.latent_shape(height, width)
+    patch = policy.transformer.config.patch_size
+    return frames // patch[0] * (h // patch[1]) * (w // patch[2])
+
+
+def wan_flops(layers: int, dim: int, ffn: int, video_tokens: int, text_tokens: int) -> float:
+    """Wan transformer forward FLOPs of one sample: per block, self-attention over the video tokens (projections
+    8 N d^2, scores and values 4 N^2 d), cross-attention to the text (query and output 4 N d^2, keys and values
+    4 T d^2, scores and values 4 N T d) and the MLP (4 N d ffn)."""
+    n, t = video_tokens, text_tokens
+    return layers * (12 * n * dim**2 + 4 * t * dim**2 + 4 * n * n * dim + 4 * n * t * dim + 4 * n * dim * ffn)

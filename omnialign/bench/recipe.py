@@ -1,0 +1,214 @@
+"""`recipe`: full training steps of a Qwen-Image recipe at one GPU's share of its global batch
+(`--prompts` prompts x the recipe's rollout.n images) on the full-size pipeline with random weights
+(transformer 20.4 B, Qwen2.5-VL-7B text encoder, VAE; bf16) built in memory: images per GPU per
+second, seconds per phase, peak memory and MFU. MFU counts the transformer's model FLOPs (rollout
+forwards with CFG; training forward + backward, the backward costed as 1x forward for LoRA and 2x
+for full fine-tuning; activation recomputation not counted; text encoder and VAE not counted) over
+`--peak` TFLOP/s (the measured bf16 matmul peak). The reward is a CPU stand-in (`jpeg_compressibility`)
+so the figure measures the trainer; prompts are short OCR prompts (128 text tokens).
+FLUX recipes (`model.arch` flux or flux_kontext, `full_flux`) run the same way on FLUX.1-dev / FLUX.1-Kontext-dev
+at their released sizes (transformer 11.9 B: 19 double- and 38 single-stream blocks of 3072, guidance embedding;
+CLIP-L and T5-XXL encoders; VAE; random bf16 weights); MFU counts all 57 blocks (a single-stream block has a
+double-stream block's dense FLOPs per token) and, for Kontext, the source tokens too. Kontext's edit prompts
+carry one random source image of the rollout size each, resized as `model.source_resize` says.
+Qwen-Image-Edit recipes (`model.arch=qwen_image_edit`) run on Qwen-Image-Edit-2509 at its released sizes (Qwen-Image's
+transformer, VAE and Qwen2.5-VL-7B with its vision tower, random bf16 weights) with the same prompts as instructions,
+each with one random source image of the rollout size (the recipes keep sources at their size); MFU counts the
+source's tokens among the image tokens and its vision tokens among the text tokens.
+Wan recipes (`model.arch=wan`, `full_wan`) run on the released transformer named by `model.path`'s folder
+(Wan2.1-T2V-1.3B: 1.42 B, 30 blocks of 1536; Wan2.1-T2V-14B: 14.3 B, 40 blocks of 5120; Wan2.2-T2V-A14B: two such
+experts), the UMT5-XXL encoder and the Wan 2.1 VAE, random bf16 weights, at the recipe's frames and size (e.g.
+`--set model.frames=33`); the stand-in reward scores every frame (`reward.per_frame`) and a row counts videos
+(`videos_per_gpu_s`). MFU counts the video tokens (latent frames x H/16 x W/16: 32760 at 832x480x81) in
+self-attention and the MLP and the 512 text tokens in cross-attention (`wan_flops`).
+`recipe --deterministic both` runs the steps again under trainer.deterministic's kernels on the same model: its
+cost side by side (`--set trainer.deterministic=true` runs every step with them).
+"""
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from omnialign.bench.models import (
+    flux_layers_and_tokens,
+    full_flux,
+    full_qwen_image,
+    full_wan,
+    qwen_image_edit_tokens,
+    transformer_flops,
+    wan_flops,
+    wan_tokens,
+)
+from omnialign.engine import dist
+
+OCR_PROMPTS = [f'A storefront sign that says "{w}"' for w in
+               ("OPEN", "BAKERY", "EXIT 12", "HELLO", "SALE 50%", "CAFE", "STOP", "PARK", "BOOKS", "TAXI", "HOTEL",
+                "PHARMACY", "GARAGE", "MUSEUM", "LIBRARY", "STATION")]  # fmt: skip
+
+
+def write_bench_prompts(path: Path, edits: bool, height: int, width: int) -> None:
+    """The OCR prompts as a prompt parquet; for an editing model each with one random RGB source (PNG) of the
+    output size."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    columns = {"prompt": OCR_PROMPTS, "ground_truth": [p.split('"')[1] for p in OCR_PROMPTS]}
+    if edits:
+        rng = np.random.default_rng(0)
+        sources = []
+        for _ in OCR_PROMPTS:
+            buffer = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
+            sources.append([buffer.getvalue()])
+        columns["sources"] = sources
+    pq.write_table(pa.table(columns), path)
+
+
+@contextmanager
+def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: list[str] = ()) -> Iterator:
+    """The `OnlineTrainer` of a Qwen-Image, FLUX or Wan recipe with `prompts` prompts per GPU on the full-size random
+    pipeline (or the tiny one), its reward worker running; see the module docstring."""
+    import dataclasses
+
+    from omnialign import rewards
+    from omnialign.config import apply_overrides, validate
+    from omnialign.engine import optim
+    from omnialign.models import LOADERS
+    from omnialign.models import tiny as tiny_models
+    from omnialign.recipes import RECIPES
+    from omnialign.train import build_policy
+    from omnialign.trainer.objectives import ALGORITHMS
+    from omnialign.trainer.online import OnlineTrainer
+
+    world = dist.init()
+    base = RECIPES[recipe]()
+    video = base.model.arch == "wan"
+    overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
+                 f"data.prompts_per_step={prompts * world.size}",
+                 'reward.weights={"jpeg_compressibility": 1.0}', f"model.text_tokens={base.model.text_tokens or 128}",
+                 "trainer.progress=false", f"trainer.output_dir={work}"]  # fmt: skip
+    if video:  # the stand-in scores every frame
+        overrides.append('reward.per_frame={"jpeg_compressibility": "mean"}')
+    if tiny:
+        overrides += ["model.dtype=float32", "rollout.height=32", "rollout.width=32", "rollout.n=4",
+                      "rollout.micro_batch_size=4", "actor.micro_batch_size=2",
+                      "engine.activation_checkpointing=false"]  # fmt: skip
+        overrides += ["model.frames=5"] if video else []
+    config = validate(apply_overrides(base, overrides + list(extra)))
+    config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
+    arch = config.model.arch
+    if world.is_main:
+        work.mkdir(parents=True, exist_ok=True)
+        write_bench_prompts(work / "prompts.parquet", arch in ("flux_kontext", "qwen_image_edit"),
+                            config.rollout.height, config.rollout.width)  # fmt: skip
+        if tiny:
+            {"qwen_image": tiny_models.qwen_image, "flux": tiny_models.flux, "flux_kontext": tiny_models.flux_kontext,
+             "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True),
+             "wan": tiny_models.wan}[arch](work / "tiny")  # fmt: skip
+    torch.distributed.barrier()
+    if tiny:
+        config.model.path = str(work / "tiny")
+        policy = LOADERS[arch](config.model)
+    elif arch in ("flux", "flux_kontext"):
+        policy = full_flux(world.device, config.model.text_tokens, config.model)
+    elif arch == "wan":
+        policy = full_wan(world.device, config.model)
+    else:
+        policy = full_qwen_image(world.device, config.model.text_tokens, arch == "qwen_image_edit",
+                                 config.model.source_resize)  # fmt: skip
+    with dist.deterministic(config.trainer.deterministic), rewards.RewardWorker(config.reward) as worker:
+        policy, contexts = build_policy(config, world, policy)
+        params = [p for p in policy.transformer.parameters() if p.requires_grad]
+        optimizer, scheduler = optim.build(params, config.actor)
+        algorithm = ALGORITHMS[config.algorithm.name](policy, config, contexts.get("reference"),
+                                                      contexts.get("teacher"), contexts.get("old"))  # fmt: skip
+        yield OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, work / "run", worker,
+                            sync=dist.synchronizer(world.device))  # fmt: skip
+
+
+def bench_recipe(
+    recipe: str,
+    prompts: int,
+    steps: int,
+    tiny: bool,
+    peak_tflops: float,
+    work: Path,
+    extra: list[str] = (),
+    deterministic: tuple[bool, ...] = (False,),
+) -> list[dict]:
+    """Full training steps of a recipe with `prompts` prompts per GPU; see the module docstring. With
+    `deterministic` (False, True) the same trainer runs its steps without, then with trainer.deterministic's kernels
+    (side by side on one model); the row says which."""
+    rows = []
+    with recipe_trainer(recipe, prompts, tiny, work, extra) as trainer:
+        for mode in deterministic:
+            with dist.deterministic(mode):
+                for step in range(1, steps + 1):
+                    if trainer.world.device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    metrics = trainer.train_step(step)
+                    phases = trainer.timer.pop()
+                    row = recipe_row(trainer.config, step, phases, peak_tflops, trainer.policy, trainer.world)
+                    rows.append({**row, "deterministic": mode or trainer.config.trainer.deterministic})
+                    for name in ("actor/clip_frac", "actor/rollout_logprob_gap"):  # exactness of rollout log-probs
+                        if name in metrics:
+                            rows[-1][name.removeprefix("actor/")] = float(metrics[name])
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, world) -> dict:
+    """images (videos for Wan)/GPU/s, phase seconds, peak memory and MFU of one measured step."""
+    r, a = config.rollout, config.algorithm
+    images = config.data.prompts_per_step * r.n // world.size
+    seconds = sum(phases.values())
+    tc = policy.transformer.config
+    text_tokens = config.model.text_tokens or 512
+    if config.model.arch == "wan":
+        forward = wan_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim, tc.ffn_dim,
+                            wan_tokens(policy, r.height, r.width), text_tokens)  # fmt: skip
+    else:
+        grid = policy.latent_shape(r.height, r.width)
+        layers, image_tokens = tc.num_layers, grid[0] * grid[1]
+        if config.model.arch in ("flux", "flux_kontext"):
+            layers, image_tokens = flux_layers_and_tokens(policy, r.height, r.width)
+        if config.model.arch == "qwen_image_edit":
+            image_tokens, text_tokens = qwen_image_edit_tokens(policy, r.height, r.width)
+        forward = transformer_flops(layers, tc.num_attention_heads * tc.attention_head_dim, image_tokens,
+                                    text_tokens)  # fmt: skip
+    cfg = 2 if r.guidance != 1.0 else 1
+    backward = 1 if config.model.lora.rank else 2
+    if a.name == "nft":
+        train = a.nft_timesteps * (3 + backward)  # v, v_old, v_ref forwards + backward of v
+        rollout_fwd = r.steps
+    elif a.name == "awm":  # the old log-probs' forward, then v with its backward, and v_ref for the KL
+        train = a.awm_timesteps * (1 + (1 + backward) + (1 if a.kl_coef > 0 else 0))
+        rollout_fwd = r.steps * cfg
+    elif a.name == "dgpo":  # policy and reference forwards before the update (the KL reuses the latter), then v
+        train = a.dgpo_timesteps * (2 + (1 + backward))
+        rollout_fwd = r.steps * cfg
+    elif a.name == "online_dpo":
+        train = 2 * (1 + backward) / r.n * 2  # two pair members per prompt, policy + reference
+        rollout_fwd = r.steps * cfg
+    else:
+        train = r.window_size * cfg * (1 + backward) + (r.window_size * cfg if a.kl_coef > 0 else 0)
+        rollout_fwd = r.steps * cfg
+    flops = images * forward * (rollout_fwd + train)
+    unit = "video" if config.model.arch == "wan" else "image"
+    return {
+        "recipe": config.recipe, "gpus": world.size, "compile": config.engine.compile, "step": step,
+        f"{unit}s": images, "step_s": round(seconds, 1),
+        f"{unit}s_per_gpu_s": round(images / seconds, 3),
+        **{k.removeprefix("timing/") + "_s": round(v, 1) for k, v in phases.items()},
+        "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
+        f"tflop_per_{unit}": round(flops / images / 1e12, 1), "mfu": round(flops / seconds / (peak_tflops * 1e12), 3),
+        "peak_tflops": peak_tflops,
+    }  # fmt: skip
