@@ -40,6 +40,8 @@ def run_two_steps(name, assets, tmp_path, reward: str) -> list[dict]:
              "trainer.total_steps=2",
              "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false", "rollout.window_end=3",
              f"trainer.output_dir={tmp_path}", f'reward.weights={{"{reward}": 1}}']  # fmt: skip
+    if config.algorithm.name == "tempflow":  # one prompt's 2 trunks x 2 branches at steps 0 and 1: 8 images and rows
+        small += ["data.prompts_per_step=1", "rollout.steps=3", "rollout.branches=2"]
     main(validate(apply_overrides(config, small)))
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]

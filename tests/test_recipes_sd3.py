@@ -15,7 +15,7 @@ from omnialign.train import main
 
 NAMES = [name for name in RECIPES if name.startswith("sd3_ocr")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "awm": "actor/clip_frac", "dgpo": "actor/dgpo/weight",
-            "gardo": "gardo/gated"}  # fmt: skip
+            "gardo": "gardo/gated", "tempflow": "actor/clip_frac"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -56,6 +56,8 @@ def test_sd3_recipe_runs_two_steps(name, assets, tmp_path):
     if config.algorithm.name == "gardo":
         small += ['reward.weights={"jpeg_compressibility": 1, "jpeg_incompressibility": 0}', "reward.options={}",
                   'algorithm.gardo_auxiliary=["jpeg_incompressibility"]']  # fmt: skip
+    if config.algorithm.name == "tempflow":  # one prompt's 2 trunks x 2 branches at steps 0 and 1: 8 images and rows
+        small += ["data.prompts_per_step=1", "rollout.steps=3", "rollout.branches=2"]
     main(validate(apply_overrides(config, small)))
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]

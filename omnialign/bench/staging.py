@@ -14,11 +14,12 @@ from tensordict import TensorDict
 
 from omnialign.batch import Trajectory
 from omnialign.bench.models import QWEN_IMAGE
-from omnialign.config import ActorConfig, AlgorithmConfig, RolloutConfig
+from omnialign.config import ActorConfig, AlgorithmConfig, Config, RolloutConfig
 from omnialign.engine import dist, fsdp
 from omnialign.models import lora
 from omnialign.models.qwen_image import LORA_TARGETS, QwenImagePolicy
 from omnialign.trainer import actor
+from omnialign.trainer.objectives import policy_gradient
 
 TINY = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
             num_attention_heads=3, joint_attention_dim=16, axes_dims_rope=(8, 4, 4))  # fmt: skip
@@ -35,8 +36,9 @@ def synthetic_trajectory(batch: int, window: int, grid: int, channels: int, text
     g = torch.Generator().manual_seed(0)
     cond = TensorDict(embeds=torch.randn(batch, text, dim, generator=g).bfloat16(),
                       mask=torch.ones(batch, text, dtype=torch.long), batch_size=[batch])  # fmt: skip
+    latents = torch.randn(batch, window + 1, grid, grid, channels, generator=g)
     return Trajectory(
-        latents=torch.randn(batch, window + 1, grid, grid, channels, generator=g),
+        final=latents[:, -1], latents=latents,
         log_probs=torch.randn(batch, window, generator=g) * 1e-3,
         means=torch.randn(batch, window, grid, grid, channels, generator=g),
         sigmas=torch.linspace(1.0, 0.1, window + 1).expand(batch, -1).contiguous(),
@@ -56,8 +58,8 @@ def bench_staging(windows: list[int], modes: list[str], tiny: bool = False, micr
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    rollout = RolloutConfig(guidance=1.0, kind="sde", eta=1.2)
-    objective = actor.flowgrpo_objective(policy, rollout, AlgorithmConfig(clip_range=1e-5))
+    run = Config(rollout=RolloutConfig(guidance=1.0, kind="sde", eta=1.2), algorithm=AlgorithmConfig(clip_range=1e-5))
+    objective = policy_gradient(policy, run, None, None, None).objective
     cuda = world.device.type == "cuda"
     warm = synthetic_trajectory(micro, 1, grid, config["in_channels"], text, config["joint_attention_dim"])
     actor.update(objective, warm.to(world.device), params, optimizer, scheduler, ActorConfig(micro_batch_size=micro),

@@ -10,6 +10,7 @@ RECIPES = {
     "qwen_image_ocr_dppo_lora": qwen_image.qwen_image_ocr_dppo_lora,
     "qwen_image_ocr_nft_lora": qwen_image.qwen_image_ocr_nft_lora,
     "qwen_image_ocr_online_dpo_lora": qwen_image.qwen_image_ocr_online_dpo_lora,
+    "qwen_image_ocr_tempflow_lora": qwen_image.qwen_image_ocr_tempflow_lora,
     **qwen_image.EDIT_RECIPES,
     **sd3.RECIPES,
     **flux.RECIPES,

@@ -1,5 +1,5 @@
-"""FLUX.1-dev text rendering and FLUX.1-Kontext editing recipes: FlowGRPO LoRA and its algorithm variants (AWM and
-GARDO on FLUX.1-dev only, where their references run).
+"""FLUX.1-dev text rendering and FLUX.1-Kontext editing recipes: FlowGRPO LoRA and its algorithm variants (AWM,
+GARDO and TempFlow-GRPO on FLUX.1-dev only, where their references run).
 
 FLUX.1-dev (`flux_ocr_*`): point `model.path` at a local FLUX.1-dev pipeline folder and `data.prompts` /
 `data.val_prompts` at the parquet files of `omnialign prepare ocr`; the reward is OCR of the quoted text.
@@ -137,6 +137,29 @@ def flux_ocr_gardo_lora() -> Config:
     return c
 
 
+def flux_ocr_tempflow_lora() -> Config:
+    """TempFlow-GRPO on FLUX.1-dev OCR (Shredded-Pork/TempFlow-GRPO config/dgx.py:flux_pr, an HPSv3 run): 1024x1024,
+    48 prompts x 4 ODE trunks of 10 steps (50 to validate) at embedded guidance 3.5, each trunk its own group; at
+    each of steps 0-8, 6 SDE transitions (eta 0.9) leave the trunk's state, each finished by the ODE: 54 images and
+    rows a trunk, 10368 a step (the reference's 48 GPUs x 4 trunks an epoch), two optimizer steps of 5184 rows;
+    LoRA r32/a64, clip 1e-4, KL 0.004 (its beta: the same exact Gaussian KL as ours), lr 3e-4, 250 steps (its
+    epochs). Micro-batches of 4, the base's 16 at 512x512 in tokens. Its EMA of the adapter is not implemented."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_tempflow_lora")
+    c.algorithm.name = "tempflow"
+    c.model.lora.rank, c.model.lora.alpha = 32, 64
+    c.data.prompts_per_step, c.rollout.n = 48, 4  # 4 trunks a prompt: the rows of a (trunk, step) are a group
+    c.rollout.height = c.rollout.width = 1024
+    c.rollout.steps, c.rollout.val_steps = 10, 50
+    c.rollout.kind, c.rollout.eta = "sde", 0.9  # FLUX's, per the reference's comment; its weight 1.73 = 1 / mean std
+    c.rollout.branches, c.rollout.branch_steps = 6, None  # every step but the last
+    c.rollout.window_size = 0
+    c.rollout.micro_batch_size = c.actor.micro_batch_size = 4
+    c.algorithm.clip_range, c.algorithm.kl_coef = 1e-4, 0.004
+    c.actor.mini_batch_size = 5184
+    c.trainer.total_steps = 250
+    return c
+
+
 def _kontext(base: Config, name: str) -> Config:
     """A FLUX.1-dev OCR recipe moved to FLUX.1-Kontext text editing: the same algorithm settings, edit prompts of
     512x512 sources, the `ocr_edit` reward, half the micro-batches (a sample carries its source's tokens too)."""
@@ -183,7 +206,7 @@ def flux_kontext_edit_online_dpo_lora() -> Config:
 
 RECIPES = {f.__name__: f for f in (
     flux_ocr_flowgrpo_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora, flux_ocr_nft_lora,
-    flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_kontext_edit_flowgrpo_lora,
-    flux_kontext_edit_grpo_guard_lora, flux_kontext_edit_mixgrpo_lora, flux_kontext_edit_dppo_lora,
-    flux_kontext_edit_nft_lora, flux_kontext_edit_online_dpo_lora,
+    flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_ocr_tempflow_lora,
+    flux_kontext_edit_flowgrpo_lora, flux_kontext_edit_grpo_guard_lora, flux_kontext_edit_mixgrpo_lora,
+    flux_kontext_edit_dppo_lora, flux_kontext_edit_nft_lora, flux_kontext_edit_online_dpo_lora,
 )}  # fmt: skip

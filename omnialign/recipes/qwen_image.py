@@ -81,6 +81,25 @@ def qwen_image_ocr_online_dpo_lora() -> Config:
     return c
 
 
+def qwen_image_ocr_tempflow_lora() -> Config:
+    """TempFlow-GRPO on Qwen-Image OCR (Shredded-Pork/TempFlow-GRPO config/dgx.py:pickscore_qwenimage_pr, a PickScore
+    run): 48 prompts x 4 ODE trunks of 10 steps (50 to validate) at true CFG 4 (rescaled, negative prompt " "), each
+    trunk its own group; at each of steps 0-8, 6 SDE transitions (eta 1.2) leave the trunk's state, each finished by
+    the ODE: 54 images and rows a trunk, 10368 a step (the reference's 48 GPUs x 4 trunks an epoch), two optimizer
+    steps of 5184 rows; LoRA r64/a128, clip 1e-4, no KL (its beta 0), lr 3e-4, 250 steps (its epochs)."""
+    c = qwen_image_ocr_flowgrpo_lora()
+    c.name = c.recipe = "qwen_image_ocr_tempflow_lora"
+    c.algorithm.name = "tempflow"
+    c.data.prompts_per_step, c.rollout.n = 48, 4  # 4 trunks a prompt: the rows of a (trunk, step) are a group
+    c.rollout.kind, c.rollout.eta, c.rollout.steps = "sde", 1.2, 10  # its weight 1.53 = 1 / mean std at eta 1.2
+    c.rollout.branches, c.rollout.branch_steps = 6, None  # every step but the last
+    c.rollout.window_size = 0
+    c.algorithm.clip_range, c.algorithm.kl_coef = 1e-4, 0.0
+    c.actor.mini_batch_size = 5184
+    c.trainer.total_steps = 250
+    return c
+
+
 def _edit(c: Config, name: str) -> Config:
     """A Qwen-Image OCR recipe as its Qwen-Image-Edit twin: edits of source images, sources used at their size."""
     c.name = c.recipe = name

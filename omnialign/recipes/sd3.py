@@ -1,10 +1,11 @@
-"""Stable Diffusion 3.5 recipes: OCR text rendering (FlowGRPO, AWM, DGPO, GARDO) and offline Diffusion-DPO.
+"""Stable Diffusion 3.5 recipes: OCR text rendering (FlowGRPO, AWM, DGPO, GARDO, TempFlow-GRPO) and offline
+Diffusion-DPO.
 
 OCR (`sd3_ocr_*`): point `model.path` at a local stable-diffusion-3.5-medium pipeline folder (T5 included) and
 `data.prompts` / `data.val_prompts` at the parquet files of `omnialign prepare ocr`; the reward is OCR of the quoted
 text. 512x512 at the model's shift 3, validated with 40 ODE steps at the rollout's CFG (the evaluation of Flow-GRPO,
-AWM and GARDO). Each recipe takes its reference's SD3.5-M OCR config, named in its docstring; sizes are the global
-batch.
+AWM, GARDO and TempFlow-GRPO). Each recipe takes its reference's SD3.5-M config (OCR where it ships one), named in
+its docstring; sizes are the global batch.
 
 Offline DPO trains on pairs written by `omnialign prepare offline-dpo`:
 
@@ -107,6 +108,24 @@ def sd3_ocr_gardo_lora() -> Config:
     return c
 
 
+def sd3_ocr_tempflow_lora() -> Config:
+    """TempFlow-GRPO on SD3.5-M OCR (Shredded-Pork/TempFlow-GRPO config/dgx.py:geneval_sd3_pr, a rule-based reward
+    like OCR; pickscore_sd3_pr differs only in its KL, 0.001): 48 prompts x 4 ODE trunks of 10 steps at CFG 4.5,
+    each trunk its own group; at each of steps 0-8, 6 SDE transitions (eta 0.7) leave the trunk's state, each
+    finished by the ODE: 54 images and rows a trunk, 10368 a step (the reference's 48 GPUs x 4 trunks an epoch),
+    two optimizer steps of 5184 rows (its gradient accumulation 2 of 4); clip 1e-4, KL 0.004 (its beta: the same
+    exact Gaussian KL as ours), lr 3e-4, LoRA r32/a64. Its EMA of the adapter is not implemented."""
+    c = _variant(sd3_ocr_flowgrpo_lora(), "sd3_ocr_tempflow_lora")
+    c.algorithm.name = "tempflow"
+    c.data.prompts_per_step, c.rollout.n = 48, 4  # 4 trunks a prompt: the rows of a (trunk, step) are a group
+    c.rollout.kind, c.rollout.eta, c.rollout.steps = "sde", 0.7, 10
+    c.rollout.branches, c.rollout.branch_steps = 6, None  # every step but the last
+    c.rollout.window_size = 0
+    c.algorithm.kl_coef = 0.004
+    c.actor.mini_batch_size = 5184
+    return c
+
+
 def sd3_offline_dpo() -> Config:
     """Offline Diffusion-DPO on SD3.5 (LoRA r64/a128, beta 100, logit-normal sigma) from stored best/worst pairs."""
     c = Config(name="sd3_offline_dpo", recipe="sd3_offline_dpo")
@@ -125,4 +144,4 @@ def sd3_offline_dpo() -> Config:
 
 
 RECIPES = {f.__name__: f for f in (sd3_ocr_flowgrpo_lora, sd3_ocr_awm_lora, sd3_ocr_dgpo_lora, sd3_ocr_gardo_lora,
-                                   sd3_offline_dpo)}  # fmt: skip
+                                   sd3_ocr_tempflow_lora, sd3_offline_dpo)}  # fmt: skip
