@@ -37,13 +37,15 @@ class Trajectory:
 
 @dataclass
 class Branched:
-    """A branched rollout (TempFlow-GRPO): the transitions it trains (rows, R) and the images they lead to
-    (leaves, L), which the rewards score. Rows and leaves of one trunk are contiguous, in the same order."""
+    """A branched rollout (TempFlow-GRPO, BranchGRPO): the transitions it trains (rows, R) and the images they lead
+    to (leaves, L), which the rewards score. Rows and leaves of one trunk or tree are contiguous, in the same
+    order."""
 
     rows: Trajectory  # (R,) one transition each: latents (R, 2, *latent), log_probs (R, 1), means, sigmas (R, 2)
     leaf_range: torch.Tensor  # (R, 2) int64: the leaves [first, last) a row leads to, local indices
     row_group: torch.Tensor  # (R,) int64: rows whose advantages are normalised together (TempFlow: trunk and step)
     row_std: torch.Tensor  # (R,) float32: the std of each row's transition
+    row_step: torch.Tensor | None = None  # (R,) int64, BranchGRPO: each row's step k (its child's depth is k + 1)
     rewards: torch.Tensor | None = None  # (L,) float32: the leaves' rewards
     advantages: torch.Tensor | None = None  # (L,) float32: the leaves' group-relative advantages (not trained on)
 

@@ -124,6 +124,15 @@ class RolloutConfig:
     (the reference's 6)."""
     branch_steps: list[int] | None = None
     """TempFlow-GRPO: the steps whose transition branches; None: every step but the last (the reference)."""
+    split_steps: list[int] = field(default_factory=lambda: [0, 3, 6, 9])
+    """BranchGRPO: the steps at which every node of a tree splits into rollout.split_factor children (the reference:
+    0, 3, 6, 9 of 20 steps); a tree has split_factor ** len(split_steps) leaves."""
+    split_factor: int = 2
+    """BranchGRPO: the children of a node at each split step, each drawn with its own noise (the reference's 2)."""
+    split_noise_scale: float = 1.0
+    """BranchGRPO: the noise of a split step's children is drawn this many times wider while their log-prob is
+    scored with the transition's own std (the reference: 4.0, wider siblings from a density that does not score
+    them); 1 keeps every edge on-policy."""
 
 
 @dataclass
@@ -169,8 +178,8 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "flowgrpo"
-    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, dgpo, gardo, tempflow, online_dpo, distill,
-    diffusion_dpo (offline).
+    """Objective. Diffusion: flowgrpo, grpo_guard, dppo, nft, awm, dgpo, gardo, tempflow, branchgrpo, online_dpo,
+    distill, diffusion_dpo (offline).
     Language: grpo, dapo, gspo, opd, dpo (see docs/algorithms.md)."""
     clip_range: float = 1e-4
     """PPO ratio clip epsilon, lower side (and upper unless clip_high is set); tiny for diffusion log-probs."""
@@ -222,6 +231,13 @@ class AlgorithmConfig:
     dgpo_first_steps: int = 7
     """DGPO: the training noise levels come from this many of the rollout schedule's noisiest steps, its first
     (the reference's trunc_steps + 1: 7 of 10 for OCR and PickScore, 5 of 10 for GenEval)."""
+    branch_depth_pruning: list[int] = field(default_factory=list)
+    """BranchGRPO depth pruning: the child depths whose edges are not trained (the edge of step k has depth k + 1;
+    the reference prunes a few of the deepest before the last split); the rollout is unchanged."""
+    branch_width_pruning: float = 0.0
+    """BranchGRPO width pruning: the share (rounded down) of each tree's edges after its last split that is not
+    trained, those whose advantages lie in the middle: the top and bottom halves of the rest are kept (the
+    reference's mode 2 keeps 0.5, so 0.5 here)."""
     gardo_auxiliary: list[str] = field(default_factory=list)
     """GARDO: the auxiliary rewards whose mean rank in the batch a sample's rank under the trained (proxy) reward is
     compared with, its uncertainty; each a key of reward.weights, usually with weight 0 (scored, not trained on).
@@ -383,9 +399,9 @@ class ConfigError(ValueError):
     pass
 
 
-DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "dgpo", "gardo", "tempflow", "online_dpo",
-                        "distill", "diffusion_dpo")  # fmt: skip
-BRANCHED_ALGORITHMS = ("tempflow",)
+DIFFUSION_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "nft", "awm", "dgpo", "gardo", "tempflow", "branchgrpo",
+                        "online_dpo", "distill", "diffusion_dpo")  # fmt: skip
+BRANCHED_ALGORITHMS = ("tempflow", "branchgrpo")
 """Algorithms whose rollout branches (rollout.branching): a sample is a trunk or tree, its images are leaves."""
 LANGUAGE_ALGORITHMS = ("grpo", "dapo", "gspo", "opd", "dpo")
 ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
@@ -479,6 +495,20 @@ def branch_steps(rollout: RolloutConfig) -> list[int]:
     return list(range(rollout.steps - 1)) if rollout.branch_steps is None else rollout.branch_steps
 
 
+def tree_widths(rollout: RolloutConfig) -> list[int]:
+    """BranchGRPO: the nodes of one tree after each step k (its edges of step k, of child depth k + 1)."""
+    return [rollout.split_factor ** sum(s <= k for s in rollout.split_steps) for k in range(rollout.steps)]
+
+
+def tree_rows(config: Config) -> int:
+    """BranchGRPO: the edges of one tree that are trained: every edge but those of the depths in
+    algorithm.branch_depth_pruning, less algorithm.branch_width_pruning of those after the last split."""
+    r, a = config.rollout, config.algorithm
+    widths, last = tree_widths(r), max(r.split_steps, default=r.steps)
+    kept = [k for k in range(r.steps) if k + 1 not in a.branch_depth_pruning]
+    return sum(widths[k] for k in kept) - int(a.branch_width_pruning * sum(widths[k] for k in kept if k > last))
+
+
 def training_batch(config: Config) -> tuple[int, int, str]:
     """(rows of one step's training batch across all devices, the multiple a micro-batch must be, their unit)."""
     d = config.data
@@ -486,6 +516,9 @@ def training_batch(config: Config) -> tuple[int, int, str]:
         return d.prompts_per_step, 1, "pairs: one per prompt, data.prompts_per_step"
     if config.algorithm.name == "dpo":  # a pair's chosen and rejected rows train together
         return 2 * d.prompts_per_step, 2, "rows: chosen and rejected of data.prompts_per_step pairs"
+    if config.algorithm.name == "branchgrpo":  # one row per trained edge of a tree
+        per = tree_rows(config)
+        return d.prompts_per_step * config.rollout.n * per, 1, f"edges: data.prompts_per_step * rollout.n * {per}"
     if config.algorithm.name in BRANCHED_ALGORITHMS:  # one row per branch transition
         per = len(branch_steps(config.rollout)) * config.rollout.branches
         return (
@@ -630,6 +663,8 @@ def validate(config: Config) -> Config:
 
 def _branch_checks(config: Config) -> list[tuple[bool, str]]:
     r = config.rollout
+    if config.algorithm.name == "branchgrpo":
+        return _tree_checks(config)
     if config.algorithm.name != "tempflow":
         return []
     steps = branch_steps(r)
@@ -643,6 +678,34 @@ def _branch_checks(config: Config) -> list[tuple[bool, str]]:
         (r.kind != "cps" or r.steps - 1 not in steps,
          f"rollout.kind=cps has no noise on the last step (sigma'=0): leave step {r.steps - 1} out of "
          "rollout.branch_steps"),
+    ]  # fmt: skip
+
+
+def _tree_checks(config: Config) -> list[tuple[bool, str]]:
+    r, a = config.rollout, config.algorithm
+    splits, pruned = r.split_steps, a.branch_depth_pruning
+    return [
+        (r.split_factor >= 2,
+         f"rollout.split_factor={r.split_factor}: BranchGRPO compares the children of each split, so it needs at "
+         "least 2 (the reference: 2)"),
+        (len(splits) >= 1 and len(set(splits)) == len(splits) and all(0 <= k < r.steps for k in splits),
+         f"rollout.split_steps={splits}: at least one, distinct step indices in [0, rollout.steps={r.steps}) (the "
+         "reference: [0, 3, 6, 9] of 20)"),
+        (r.split_noise_scale > 0,
+         f"rollout.split_noise_scale={r.split_noise_scale} must be > 0 (1: on-policy; the reference: 4)"),
+        (all(1 <= d <= r.steps for d in pruned),
+         f"algorithm.branch_depth_pruning={pruned}: child depths in [1, rollout.steps={r.steps}] (the edge of step "
+         "k has depth k + 1)"),
+        (0 <= a.branch_width_pruning < 1,
+         f"algorithm.branch_width_pruning={a.branch_width_pruning}: a share in [0, 1) of the edges after the last "
+         "split (the reference's mode 2: 0.5)"),
+        (tree_rows(config) >= 1,
+         f"algorithm.branch_depth_pruning={pruned}, branch_width_pruning={a.branch_width_pruning} prune every edge "
+         "of the tree: train at least one depth"),
+        (r.kind != "cps" or (r.steps - 1 not in splits and r.steps in pruned),
+         f"rollout.kind=cps has no noise on the last step (sigma'=0): leave step {r.steps - 1} out of "
+         f"rollout.split_steps and add depth {r.steps} to algorithm.branch_depth_pruning, or use rollout.kind=dance "
+         "(the reference's)"),
     ]  # fmt: skip
 
 

@@ -13,7 +13,8 @@ from omnialign.train import main
 GLYPHS = [name for name in RECIPES if name.startswith("glyphs")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
             "distill": "actor/distill_kl", "nft": "actor/nft/positive", "awm": "actor/clip_frac",
-            "dgpo": "actor/dgpo/weight", "gardo": "gardo/gated", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
+            "dgpo": "actor/dgpo/weight", "gardo": "gardo/gated", "tempflow": "actor/clip_frac",
+            "branchgrpo": "actor/clip_frac", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", GLYPHS)
@@ -27,6 +28,8 @@ def test_recipe_runs_two_steps(name, tmp_path, request):
         small += ["rollout.window_size=2", "rollout.window_shift_every=1", "rollout.window_end=3"]
     if config.algorithm.name == "awm":
         small.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
+    if config.algorithm.name == "branchgrpo":
+        small.append("rollout.split_steps=[0,2]")  # of the 4 steps
     if config.algorithm.name == "dgpo":
         small += ["algorithm.dgpo_timesteps=2", "algorithm.dgpo_first_steps=3"]  # of the 4 steps
     summary = main(validate(apply_overrides(config, [*small, f"trainer.output_dir={tmp_path / 'a'}"])))

@@ -1,7 +1,9 @@
-"""Branched rollouts (TempFlow-GRPO): many images per sample, sharing the sample's path up to where they branch.
+"""Branched rollouts (TempFlow-GRPO, BranchGRPO): many images per sample, sharing the sample's path up to where
+they branch.
 
 Every state being denoised sits at the same noise level at each step (a branch drawn at step k continues from
-k + 1, as its trunk does), so one batched forward per step serves the trunks and all their branches.
+k + 1, as its trunk does; a tree's nodes all advance together), so one batched forward per step serves the trunks
+and all their branches, or every node of the trees.
 """
 
 from collections.abc import Callable
@@ -11,7 +13,7 @@ from tensordict import TensorDict
 from tqdm import tqdm
 
 from omnialign.batch import Branched, Trajectory
-from omnialign.config import RolloutConfig, branch_steps
+from omnialign.config import RolloutConfig, branch_steps, tree_widths
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity, per_sample_noise
 from omnialign.models.base import DiffusionPolicy
@@ -132,4 +134,94 @@ def generate_tempflow(
     first = torch.arange(len(rows), device=device)
     tree = Branched(rows=rows, leaf_range=torch.stack([first, first + 1], 1),
                     row_group=torch.cat([p[1] for p in parts]), row_std=torch.cat([p[2] for p in parts]))  # fmt: skip
+    return tree, torch.cat(images)
+
+
+def tree_leaves(config: RolloutConfig) -> int:
+    """Images a tree of `generate_tree` leads to: rollout.split_factor children at each split step."""
+    return config.split_factor ** len(config.split_steps)
+
+
+@torch.no_grad()
+def generate_tree(
+    policy: DiffusionPolicy,
+    prompts: list[str],
+    group: torch.Tensor,
+    seeds: torch.Tensor,
+    config: RolloutConfig,
+    device: torch.device,
+    progress: bool = False,
+    step: int = 0,
+    seed: int = 0,
+    on_chunk: Callable[[torch.Tensor, slice], None] = lambda images, rows: None,
+    sources: list[list[torch.Tensor]] | None = None,
+) -> tuple[Branched, torch.Tensor]:
+    """BranchGRPO's rollout: each sample is the root of a tree; at every step each node takes a transition of
+    `rollout.kind`, and at each of rollout.split_steps it has rollout.split_factor children instead of one (their
+    noise rollout.split_noise_scale times wider, their log-prob scored with the transition's std), so a tree has
+    `tree_leaves` leaves, decoded from the last latents. Every edge is a row. Returns the Branched rollout and the
+    leaves' images (B * tree_leaves, C, H, W): a tree's leaves together in depth-first order, so that the leaves
+    below a node are a contiguous range (`leaf_range`); a tree's rows together, by step then node; row group
+    (tree, step), that is (tree, depth). Noise: the tree's own generator (its seed), the root's first, then at each
+    step one for each new node, in order. All the nodes of a step go through one batched forward. `on_chunk` and the
+    arguments as `generate_tempflow`, with trees for trunks."""
+    sigmas = policy.schedule(config.steps, config.height, config.width)
+    shape = policy.latent_shape(config.height, config.width)
+    per, splits, widths = tree_leaves(config), set(config.split_steps), tree_widths(config)
+    step_sigmas = torch.stack([sigmas[:-1], sigmas[1:]], 1).to(device)  # (S, 2)
+    step_of = torch.arange(config.steps, device=device).repeat_interleave(torch.tensor(widths, device=device))  # (E,)
+    below = per // torch.tensor(widths, device=device)[step_of]  # (E,): the leaves below each row's child
+    first = torch.cat([torch.arange(w, device=device) for w in widths]) * below  # (E,): the first of them
+    parts, images = [], []
+    chunks = range(0, len(prompts), config.micro_batch_size)
+    for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
+        sl = slice(lo, lo + config.micro_batch_size)
+        cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
+        generators = _generators(seeds[sl])
+        m, width = len(generators), 1
+        x = per_sample_noise(generators, shape, device)  # (m * width, *latent): the nodes, by tree, depth-first
+        rows: dict[str, list[torch.Tensor]] = {"x": [], "x_next": [], "mean": [], "log_prob": [], "std": []}
+        for k in range(config.steps):
+            owner = torch.arange(m, device=device).repeat_interleave(width)
+            v = _velocity(policy, x, sigmas[k].expand(len(x)).to(device), cond, uncond, owner, config)
+            f = config.split_factor if k in splits else 1
+            x, v, width = x.repeat_interleave(f, 0), v.repeat_interleave(f, 0), width * f
+            noise = torch.stack([per_sample_noise(generators, shape, device) for _ in range(width)], 1).flatten(0, 1)
+            at, to = (step_sigmas[k, i].expand(len(x)) for i in (0, 1))
+            tr = sde.transition(config.kind, v, x, at, to, config.eta,
+                                noise=noise * (config.split_noise_scale if f > 1 else 1.0))  # fmt: skip
+            for key, value in zip(rows, (x, tr.sample, tr.mean, tr.log_prob, tr.std)):
+                rows[key].append(value.unflatten(0, (m, width)))
+            x = tr.sample
+        decoded = torch.cat([policy.decode(x[i : i + config.micro_batch_size])
+                             for i in range(0, len(x), config.micro_batch_size)])  # fmt: skip
+        images.append(decoded)
+        on_chunk(decoded, slice(lo * per, lo * per + len(decoded)))
+        stacked = {key: torch.cat(value, 1).flatten(0, 1) for key, value in rows.items()}  # (m * E, ...) by tree
+        tree_of = torch.arange(m, device=device).repeat_interleave(len(step_of))
+        leaf = tree_of * per + first.repeat(m)  # the first leaf below each row, in the chunk
+        parts.append(
+            (
+                Trajectory(
+                    final=x[leaf],
+                    latents=torch.stack([stacked["x"], stacked["x_next"]], 1),
+                    log_probs=stacked["log_prob"][:, None],
+                    means=stacked["mean"][:, None],
+                    sigmas=step_sigmas[step_of.repeat(m)],
+                    cond=cond[tree_of.to(cond.device)],
+                    uncond=None if uncond is None else uncond[tree_of.to(uncond.device)],
+                    group=group[sl].to(device)[tree_of],
+                    seeds=seeds[sl].to(device)[tree_of],
+                    batch_size=[len(tree_of)],
+                ),
+                torch.stack([leaf, leaf + below.repeat(m)], 1) + lo * per,
+                stacked["std"],
+            )
+        )
+    rows = torch.cat([p[0] for p in parts])
+    step_of = step_of.repeat(len(prompts))
+    tree_of = torch.arange(len(prompts), device=device).repeat_interleave(len(below))
+    tree = Branched(rows=rows, leaf_range=torch.cat([p[1] for p in parts]),
+                    row_group=tree_of * config.steps + step_of, row_std=torch.cat([p[2] for p in parts]),
+                    row_step=step_of)  # fmt: skip
     return tree, torch.cat(images)

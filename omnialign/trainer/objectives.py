@@ -11,6 +11,7 @@
 | dgpo | clean samples, noisiest timesteps | DGPO: group preference (advantage-weighted DPO) against the reference |
 | gardo | SDE-window transitions | FlowGRPO, KL on uncertain samples only, refreshed reference, diversity advantages |
 | tempflow | branch transitions of ODE trunks | FlowGRPO per branch step, noise-aware step weights |
+| branchgrpo | the edges of SDE trees (less pruned ones) | FlowGRPO per edge, advantages per tree depth |
 | online_dpo | best and worst sample of each prompt | Diffusion-DPO against the reference |
 
 The math lives in `algorithms/`; this module only calls the policy and hands tensors over.
@@ -36,7 +37,7 @@ from omnialign.diffusion.sampling import guided_velocity
 from omnialign.engine import dist
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context
-from omnialign.rollout.branching import generate_tempflow, leaves_per_sample
+from omnialign.rollout.branching import generate_tempflow, generate_tree, leaves_per_sample, tree_leaves
 from omnialign.rollout.diffusion import generate
 from omnialign.trainer.actor import Inputs, Objective, infer
 
@@ -93,7 +94,7 @@ def policy_gradient(
     def fn(inputs: Inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         tr = replay(policy, inputs, rollout)
         old_lp, adv = inputs["old_log_prob"], inputs["advantages"]
-        if a.name in ("flowgrpo", "gardo", "tempflow"):
+        if a.name in ("flowgrpo", "gardo", "tempflow", "branchgrpo"):
             loss, metrics = ppo_clip(tr.log_prob, old_lp, adv, a.clip_range, clip_high, a.adv_clip)
             if a.name == "tempflow":  # noise-aware step weights, on the policy term only (the reference's)
                 loss = loss * inputs["loss_weights"]
@@ -156,6 +157,28 @@ def tempflow(
 
     objective = policy_gradient(policy, config, reference, teacher, old).objective
     return Algorithm(objective, batch, rollout=generate_tempflow, leaves=leaves_per_sample(config.rollout))
+
+
+def branchgrpo(
+    policy: DiffusionPolicy, config: Config, reference: Context | None, teacher: Context | None, old: Context | None
+) -> Algorithm:
+    """BranchGRPO: FlowGRPO's objective on the edges of SDE trees (`rollout.branching.generate_tree`), each edge's
+    advantage its child's reward (the mean of the leaves below it) against the other nodes of its depth in its
+    tree; the edges of algorithm.branch_depth_pruning's depths and algorithm.branch_width_pruning's share of those
+    after the last split are not trained."""
+    a, r = config.algorithm, config.rollout
+
+    def batch(tree: Branched, step: int) -> Trajectory:
+        rows = tree.rows
+        rows.advantages = group_relative(branching.row_rewards(tree.rewards, tree.leaf_range), tree.row_group,
+                                         global_std=False, norm_by_std=a.norm_by_std)[0]  # fmt: skip
+        trees = len(tree.rewards) // tree_leaves(r)
+        keep = branching.prune(rows.advantages.view(trees, -1), tree.row_step.view(trees, -1), a.branch_depth_pruning,
+                               max(r.split_steps), a.branch_width_pruning)  # fmt: skip
+        return rows[keep.flatten()]
+
+    objective = policy_gradient(policy, config, reference, teacher, old).objective
+    return Algorithm(objective, batch, rollout=generate_tree, leaves=tree_leaves(r))
 
 
 def _generator(config: Config, step: int, salt: int) -> torch.Generator:
@@ -446,5 +469,6 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     "dgpo": dgpo,
     "gardo": gardo,
     "tempflow": tempflow,
+    "branchgrpo": branchgrpo,
     "online_dpo": online_dpo,
 }
