@@ -602,6 +602,7 @@ def validate(config: Config) -> Config:
          f"algorithm.name=online_dpo or gardo only (not {config.algorithm.name}); 0 keeps the base model as the "
          "reference"),
         *_gardo_checks(config),
+        *_group_wise_checks(config),
         (config.algorithm.old_log_probs in ("auto", "rollout", "recompute"),
          f"algorithm.old_log_probs={config.algorithm.old_log_probs!r}: choose auto, rollout or recompute"),
         (config.model.dtype in ("float32", "bfloat16"),
@@ -731,6 +732,22 @@ def _gardo_checks(config: Config) -> list[tuple[bool, str]]:
         (a.gardo_kl_threshold >= 0,
          f"algorithm.gardo_kl_threshold={a.gardo_kl_threshold} must be >= 0 (0 refreshes the reference every step; "
          "the reference's 3e-4 is 3e-3 in our KL units)"),
+    ]  # fmt: skip
+
+
+GROUP_WISE_REWARDS = ("pairwise_vlm",)
+"""Built-in rewards that score the samples of a prompt group against each other (metadata["group"])."""
+
+
+def _group_wise_checks(config: Config) -> list[tuple[bool, str]]:
+    per_frame = config.reward.per_frame
+    return [
+        (name not in GROUP_WISE_REWARDS,
+         f"reward.per_frame={per_frame}: {name!r} is group-wise (it compares the samples of a prompt group with each "
+         "other), so per frame it would make the frames of one video compete with each other and judge every frame "
+         f"of the group against every other; remove {name!r} from reward.per_frame and judge videos with a video "
+         "reward such as vlm_video (docs/rewards.md, Video rewards)")
+        for name in per_frame
     ]  # fmt: skip
 
 

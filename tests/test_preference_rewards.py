@@ -26,6 +26,7 @@ from omnialign.metrics import read_metrics
 from omnialign.models.tiny import clip_tokenizer
 from omnialign.recipes import RECIPES
 from omnialign.rewards import lookup
+from omnialign.rewards.base import to_pil
 from omnialign.rewards.client import RemoteReward
 from omnialign.rewards.pairwise import group_spans, pairwise_vlm, pairwise_win_rate, parse_preference
 from omnialign.rewards.preference import (
@@ -36,6 +37,7 @@ from omnialign.rewards.preference import (
     convert_image_reward,
     convert_open_clip,
     hps,
+    hps_pixels,
     image_reward,
     load_clip,
     pickscore,
@@ -165,6 +167,81 @@ def test_preprocessing_is_a_bicubic_resize_centre_crop_and_clip_normalisation(tw
         expected = torch.stack([hand_pixels(image, SIZE, OPENAI_MEAN, OPENAI_STD) for image in x])
         assert got.shape == (len(x), 3, SIZE, SIZE)
         assert torch.allclose(got, expected, atol=1e-5)
+
+
+def hps_reference(image: torch.Tensor, size: int) -> torch.Tensor:
+    """HPS v2's `preprocess_val` of one image (C, H, W) in [0, 1], written here in torch ops (torchvision is not
+    installed) from its source, tgxs002/HPSv2: hpsv2/img_score.py builds it with create_model_and_transforms(
+    'ViT-H-14', ..., light_augmentation=True), which is open_clip's image_transform(model.visual.image_size,
+    is_train=False, resize_longest_max=True) in hpsv2/src/open_clip/transform.py: Compose([_convert_to_rgb_or_rgba,
+    ToTensor(), ResizeMaxSize(image_size, fill=0), MaskAwareNormalize(OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)])."""
+    # img_score.score() is given a PIL image (a file); _convert_to_rgb_or_rgba: image.convert('RGB')
+    pil = to_pil(image).convert("RGB")
+    # ToTensor(): the 8-bit image as float32 (C, H, W), divided by 255
+    img = torch.from_numpy(np.array(pil)).permute(2, 0, 1).float().div(255)
+    # ResizeMaxSize.forward on a tensor: `height, width = img.shape[1:]`, `scale = self.max_size / float(max(height,
+    # width))`, and only `if scale != 1.0:` ...
+    height, width = img.shape[1:]
+    scale = size / float(max(height, width))
+    if scale != 1.0:
+        # `new_size = tuple(round(dim * scale) for dim in (height, width))`
+        new_size = tuple(round(dim * scale) for dim in (height, width))
+        # `img = F.resize(img, new_size, self.interpolation)`, BICUBIC, on a float tensor: torchvision's
+        # _functional_tensor.resize calls interpolate(mode="bicubic", align_corners=False, antialias=True (the
+        # default of torchvision >= 0.17)) and clamps only uint8 images
+        img = nn.functional.interpolate(img[None], size=new_size, mode="bicubic", align_corners=False,
+                                        antialias=True)[0]  # fmt: skip
+        # `pad_h = self.max_size - new_size[0]`, `pad_w = self.max_size - new_size[1]`, `F.pad(img, padding=[pad_w//2,
+        # pad_h//2, pad_w - pad_w//2, pad_h - pad_h//2], fill=self.fill)`: torchvision's [left, top, right, bottom],
+        # constant fill 0, here as the resized image written into a canvas of zeros
+        pad_h, pad_w = size - new_size[0], size - new_size[1]
+        left, top, right, bottom = pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2
+        canvas = torch.zeros(3, top + new_size[0] + bottom, left + new_size[1] + right)
+        canvas[:, top : top + new_size[0], left : left + new_size[1]] = img
+        img = canvas
+    # MaskAwareNormalize of 3 channels: Normalize(mean, std), (x - mean) / std per channel
+    return (img - torch.tensor(OPENAI_MEAN).view(3, 1, 1)) / torch.tensor(OPENAI_STD).view(3, 1, 1)
+
+
+def test_hps_preprocessing_is_hps_v2s_resize_longest_side_and_pad_for_any_aspect_ratio():
+    g = torch.Generator().manual_seed(8)
+    wide, _ = batch()  # (3, 40, 60): resized to (21, 32), 11 rows of padding: 5 above, 6 below
+    tall = torch.rand(2, 3, 61, 30, generator=g)  # resized to (32, 16) (15.7 rounds up): 8 columns each side
+    gray = torch.rand(2, 1, 9, 14, generator=g)  # upsampled to (21, 32), from one channel
+    wan = torch.rand(1, 3, 480, 832, generator=g)  # a Wan frame at HPS's 224: (129, 224), 47 rows above, 48 below
+    for x, size in ((wide, SIZE), (tall, SIZE), (gray, SIZE), (wan, 224)):
+        got = hps_pixels(x, size, "cpu")
+        expected = torch.stack([hps_reference(image, size) for image in x])
+        assert got.shape == (len(x), 3, size, size)
+        assert torch.allclose(got, expected, atol=1e-6), (x.shape, (got - expected).abs().max())
+    pad = ((0 - torch.tensor(OPENAI_MEAN)) / torch.tensor(OPENAI_STD)).view(1, 3, 1, 1)  # 0 before normalisation
+    got = hps_pixels(wide, SIZE, "cpu")
+    assert torch.allclose(got[:, :, :5], pad.expand(4, 3, 5, SIZE), atol=1e-6)
+    assert torch.allclose(got[:, :, 26:], pad.expand(4, 3, 6, SIZE), atol=1e-6)
+    assert not torch.isclose(got[:, :, 5], pad[..., 0]).all() and not torch.isclose(got[:, :, 25], pad[..., 0]).all()
+    # the whole width is kept: the former centre crop lost a third of it
+    assert not torch.allclose(got, pixels(wide, CLIPImageProcessorPil(size={"shortest_edge": SIZE}, crop_size={
+        "height": SIZE, "width": SIZE}), "cpu"), atol=0.1)  # fmt: skip
+
+
+def test_hps_scores_square_images_as_before(twins):
+    """The change is limited to non-square images. At the input size both preprocessings leave the pixels alone:
+    the same scores. A larger square is resized by both, PIL's bicubic before (which rounds each of its two passes
+    to 8 bits) and torch's antialiased bicubic now (the reference's): within those roundings."""
+    g = torch.Generator().manual_seed(9)
+    prompts = ["a red cat", "two dogs on a beach"] * 2
+    at_size = torch.rand(2, 3, SIZE, SIZE, generator=g).mul(255).round().div(255)
+    lo = torch.rand(2, 3, 6, 6, generator=g)  # a smooth 48 x 48 square (the former bicubic clamps overshoots)
+    smooth = nn.functional.interpolate(lo, size=(48, 48), mode="bilinear", align_corners=True)
+    processor = CLIPImageProcessorPil.from_pretrained(twins["clip"])
+    assert torch.allclose(hps_pixels(at_size, SIZE, "cpu"), pixels(at_size, processor, "cpu"), atol=1e-6)
+    bound = 1.2 / 255 / min(OPENAI_STD)  # 1.2 steps of 8 bits, normalised
+    assert (hps_pixels(smooth, SIZE, "cpu") - pixels(smooth, processor, "cpu")).abs().max() < bound
+    before, _ = clip_cosines(twins["clip"], [*at_size, *smooth], prompts)  # the former hps: hand_pixels, the towers
+    now = hps(at_size, prompts[:2], [{}] * 2, path=twins["clip"]) + hps(smooth, prompts[2:], [{}] * 2,
+                                                                       path=twins["clip"])  # fmt: skip
+    assert now[:2] == pytest.approx(before[:2].tolist(), abs=1e-5)
+    assert now[2:] == pytest.approx(before[2:].tolist(), abs=2e-3)
 
 
 # ---------------------------------------------------------------------------------------------- the rewards
@@ -362,7 +439,7 @@ def test_open_clip_conversion_scores_as_the_open_clip_forward(twins, tmp_path):
     ids = torch.zeros(4, 77, dtype=torch.long)
     for i, row in enumerate(tokenizer(prompts).input_ids):
         ids[i, : len(row)] = torch.tensor(row)
-    pix = torch.stack([hand_pixels(image, SIZE, OPENAI_MEAN, OPENAI_STD) for image in images])
+    pix = torch.stack([hps_reference(image, SIZE) for image in images])  # HPS v2's preprocessing, non-square
     with torch.no_grad():
         expected = torch.cosine_similarity(reference.encode_image(pix), reference.encode_text(ids), dim=-1)
     got = hps(images, prompts, [{}] * 4, path=str(out))

@@ -16,11 +16,13 @@ import torch
 from http_stub import JSONHandler, serving
 from test_preference_rewards import build_clip
 
-from omnialign.config import RewardConfig
+from omnialign.config import GROUP_WISE_REWARDS, ConfigError, RewardConfig, apply_overrides, validate
+from omnialign.recipes import RECIPES
 from omnialign.rewards import REWARDS, RewardError, RewardWorker, score
 from omnialign.rewards.base import Scores, from_png, to_png
 from omnialign.rewards.client import RemoteReward, RewardServerError, post_json
 from omnialign.rewards.jpeg import jpeg_compressibility
+from omnialign.rewards.pairwise import pairwise_win_rate
 from omnialign.rewards.preference import load_clip, pixels
 from omnialign.rewards.server import RewardServer
 from omnialign.rewards.video import per_frame, temporal_consistency, vlm_video
@@ -120,6 +122,50 @@ def test_per_frame_config_errors_name_the_field():
     for call in (lambda: score(videos, ["a"], [{}], bad), lambda: RewardWorker(bad)):
         with pytest.raises(ValueError, match=r"reward.per_frame\['jpeg_compressibility'\]='max': .* \('mean', 'min'\)"):
             call()
+
+
+def test_a_group_wise_reward_per_frame_is_refused_naming_the_field_the_value_and_the_fix():
+    """The frames of one video would compete with each other: config.validate refuses the combination."""
+    per_frame = '{"pairwise_vlm": "mean", "ocr": "mean"}'
+    options = '{"pairwise_vlm": {"url": "http://127.0.0.1:1/v1", "model": "m"}}'
+    for recipe, weights in (("glyphs_video", '{"glyph_video": 1, "pairwise_vlm": 1, "ocr": 0}'),
+                            ("wan21_t2v_1_3b_ocr_flowgrpo_lora", '{"ocr": 1, "pairwise_vlm": 1}')):  # fmt: skip
+        config = apply_overrides(RECIPES[recipe](), [f"reward.weights={weights}", f"reward.per_frame={per_frame}",
+                                                     f"reward.options={options}"])  # fmt: skip
+        with pytest.raises(ConfigError) as error:
+            validate(config)
+        message = str(error.value)
+        assert message.startswith("reward.per_frame={'pairwise_vlm': 'mean', 'ocr': 'mean'}: 'pairwise_vlm' is "
+                                  "group-wise (it compares the samples of a prompt group with each other)")  # fmt: skip
+        fix = "remove 'pairwise_vlm' from reward.per_frame and judge videos with a video reward such as vlm_video"
+        assert "frames of one video compete with each other" in message and fix in message
+        config.reward.per_frame = {"ocr": "mean"}  # scored per video (not per frame), it passes
+        validate(config)
+    assert set(GROUP_WISE_REWARDS) <= set(REWARDS)
+
+
+def test_frames_carry_no_group_so_a_group_wise_reward_per_frame_fails_saying_why():
+    """A group-wise reward config cannot name (a file, a remote one) fails on its first call instead of scoring
+    the frames of one video against each other; an ordinary per-frame reward sees the rest of the metadata."""
+    videos = flat([[0.0, 1.0], [0.5, 0.5]])
+    scores = per_frame(frame_echo, "echo", "mean")(videos, ["a", "b"], [{"k": 0, "group": 3}, {"k": 1, "group": 3}])
+    assert scores == [0.5, 1.5] and [info["frame"] for info in scores.info[0]["frame_info"]] == [0, 1]
+    seen = []
+    look = per_frame(lambda o, p, m: seen.extend(m) or [0.0] * len(o), "look", "min")
+    look(videos, ["a", "b"], [{"group": 3}, {"group": 3}])
+    assert seen == [{"frame": 0}, {"frame": 1}, {"frame": 0}, {"frame": 1}]
+
+    def win_rate(outputs, prompts, metadata):
+        return pairwise_win_rate(lambda a, b, prompt: 1.0, outputs, prompts, metadata, reward="win_rate")
+
+    with pytest.raises(
+        ValueError,
+        match=r"'win_rate' compares .* metadata\[0\] has no \"group\": .*not on the "
+        r"frames of reward.per_frame.*take this reward out of reward.per_frame",
+    ):
+        per_frame(win_rate, "win_rate", "mean")(videos, ["a", "b"], [{"group": 3}, {"group": 3}])
+    with pytest.raises(ValueError, match=r"'win_rate' compares images .*not videos \(2, 2, 1, 4, 4\); a group-wise"):
+        win_rate(videos, ["a", "b"], [{"group": 3}, {"group": 3}])
 
 
 # -------------------------------------------------------------------------------------- temporal consistency

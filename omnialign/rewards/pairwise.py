@@ -47,7 +47,9 @@ def groups_of(metadata: list[dict], reward: str) -> dict[object, list[int]]:
     for i, meta in enumerate(metadata):
         if "group" not in meta:
             raise ValueError(f'reward {reward!r} compares the samples of a prompt group, but metadata[{i}] has no '
-                             '"group": the online trainer sets it; elsewhere give each sample its group id as '
+                             '"group": the online trainer sets it (but not on the frames of reward.per_frame, where '
+                             "the frames of one video would compete with each other: take this reward out of "
+                             "reward.per_frame); elsewhere give each sample its group id as "
                              'metadata["group"]')  # fmt: skip
         groups.setdefault(meta["group"], []).append(i)
     return groups
@@ -74,6 +76,10 @@ def pairwise_win_rate(
     reward: str = "pairwise_win_rate",
 ) -> Scores:
     """Each sample's mean probability of beating the others of its group under `judge`; see the module docstring."""
+    if isinstance(outputs, torch.Tensor) and outputs.ndim == 5:
+        raise ValueError(f"reward {reward!r} compares images (B, 1 or 3, H, W), not videos {tuple(outputs.shape)}; "
+                         "a group-wise reward cannot score frames through reward.per_frame (docs/rewards.md, Video "
+                         "rewards)")  # fmt: skip
     images = images_of(outputs, reward)
     pairs = [(i, j) for members in groups_of(metadata, reward).values() for k, i in enumerate(members)
              for j in members[k + 1:]]  # fmt: skip

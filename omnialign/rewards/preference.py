@@ -15,7 +15,8 @@ are in docs/rewards.md; all are higher-is-better.
   CLIP ViT-L/14 image embedding.
 - `hps`: HPS v2 / v2.1: cos(image, text) of the HPS-tuned open_clip ViT-H-14, converted to a transformers
   `CLIPModel` once with `convert_open_clip` (open_clip itself needs torchvision, which does not import beside
-  every torch build).
+  every torch build). Its preprocessing is HPS v2's own, not the above (`hps_pixels`): the longer side resized to
+  the input size and the rest padded with zeros to a square, in tensors on the images' device.
 - `image_reward`: ImageReward: BLIP ViT-L image tokens cross-attended by the BLIP text encoder, the [CLS]
   feature through the published MLP head, (r - 0.16717362830052426) / 1.0333394966054072; the released
   checkpoint converted to `ImageRewardModel` (transformers' BLIP modules) once with `convert_image_reward`
@@ -29,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 from transformers import (
@@ -50,6 +52,8 @@ from omnialign.rewards.base import Outputs, images_of, to_pil
 # ImageReward.py (THUDM/ImageReward, v1.0): the reward model's output is standardised with these
 IMAGE_REWARD_MEAN, IMAGE_REWARD_STD = 0.16717362830052426, 1.0333394966054072
 IMAGE_REWARD_MAX_TOKENS = 35  # its tokenizer call: padding="max_length", truncation=True, max_length=35
+# open_clip's OPENAI_DATASET_MEAN / STD, with which HPS v2's preprocess_val normalises
+HPS_MEAN, HPS_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
 class MLPHead(nn.Module):
@@ -159,16 +163,43 @@ def pixels(images: torch.Tensor, processor: CLIPImageProcessorPil, device: torch
     return processor(images=pil, return_tensors="pt")["pixel_values"].to(device)
 
 
+def hps_pixels(images: torch.Tensor, size: int, device: torch.device | str) -> torch.Tensor:
+    """HPS v2's preprocessing of a batch (B, C, H, W) in [0, 1], in tensors on `device`: `preprocess_val` of
+    hpsv2/img_score.py, open_clip's `image_transform(size, is_train=False, resize_longest_max=True)` (hpsv2's copy):
+    the image as 8-bit RGB to [0, 1] (ToTensor of a PIL image), its longer side resized to `size` and the other to
+    round(side * size / longer) with torchvision's tensor bicubic (antialiased, align_corners=False, unclamped),
+    padded with 0 to a square, the odd pixel of a margin after the image (bottom, right), then normalised with
+    the OpenAI CLIP mean and std. The reference leaves an image whose longer side is already `size` unpadded (its
+    ViT then fails on a non-square one); here it is padded as any other."""
+    x = images.to(device).float().clamp(0, 1).mul(255).round().div(255)
+    x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+    h, w = x.shape[-2:]
+    new_h, new_w = round(h * size / max(h, w)), round(w * size / max(h, w))
+    if (new_h, new_w) != (h, w):
+        x = F.interpolate(x, size=(new_h, new_w), mode="bicubic", align_corners=False, antialias=True)
+    pad_h, pad_w = size - new_h, size - new_w
+    x = F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2), value=0.0)
+    mean, std = (torch.tensor(v, dtype=x.dtype, device=x.device).view(3, 1, 1) for v in (HPS_MEAN, HPS_STD))
+    return (x - mean) / std
+
+
 def _cosines(images: torch.Tensor, prompts: list[str], path: str, processor: str | None, device: str | None,
              reward: str) -> tuple[torch.Tensor, CLIPModel]:  # fmt: skip
-    """cos(image embedding, text embedding) of each pair (B,), and the model."""
+    """cos(image embedding, text embedding) of each pair (B,) with the published preprocessing, and the model."""
     device = str(device or images.device)
     model, tokenizer, image_processor = _clip(reward, path, processor, device)
+    return _pair_cosines(model, tokenizer, pixels(images, image_processor, device), prompts), model
+
+
+def _pair_cosines(
+    model: CLIPModel, tokenizer: PreTrainedTokenizerBase, pixel_values: torch.Tensor, prompts: list[str]
+) -> torch.Tensor:
+    """cos(image embedding, text embedding) of each (preprocessed image, prompt) pair, (B,)."""
     text = tokenizer(prompts, padding=True, truncation=True, return_tensors="pt",
-                     max_length=model.config.text_config.max_position_embeddings).to(device)  # fmt: skip
-    image_features = model.get_image_features(pixel_values=pixels(images, image_processor, device)).pooler_output
+                     max_length=model.config.text_config.max_position_embeddings).to(pixel_values.device)  # fmt: skip
+    image_features = model.get_image_features(pixel_values=pixel_values).pooler_output
     text_features = model.get_text_features(**text).pooler_output
-    return torch.cosine_similarity(image_features.float(), text_features.float(), dim=-1), model
+    return torch.cosine_similarity(image_features.float(), text_features.float(), dim=-1)
 
 
 def clip_score(
@@ -208,9 +239,13 @@ def hps(
     processor: str | None = None,
     device: str | None = None,
 ) -> list[float]:
-    """Reward: HPS v2 score cos(image, text) of the HPS CLIP (converted by `convert_open_clip`); higher is better."""
-    cos, _ = _cosines(images_of(outputs, "hps"), prompts, path, processor, device, "hps")
-    return cos.tolist()
+    """Reward: HPS v2 score cos(image, text) of the HPS CLIP (converted by `convert_open_clip`), on images
+    preprocessed as HPS v2 does (`hps_pixels`: no crop, padded to a square); higher is better."""
+    images = images_of(outputs, "hps")
+    device = str(device or images.device)
+    model, tokenizer, _ = _clip("hps", path, processor, device)
+    pixel_values = hps_pixels(images, model.config.vision_config.image_size, device)
+    return _pair_cosines(model, tokenizer, pixel_values, prompts).tolist()
 
 
 def aesthetic(

@@ -2,7 +2,9 @@
 
 `per_frame` turns any image reward into a video reward: it scores every frame as an image (the prompt and
 metadata repeated, the frame's index in metadata "frame") and reduces over the frames. `reward.per_frame`
-names the rewards it applies to and their reduction (`resolve` wraps them).
+names the rewards it applies to and their reduction (`resolve` wraps them). Frames get no metadata "group": a
+group-wise reward (`rewards.pairwise`) would make the frames of one video compete with each other, so it fails
+for want of one (and `config.validate` refuses the built-in ones under `reward.per_frame`).
 
 `temporal_consistency` scores how alike a video's frames are (VBench's subject and background consistency, on
 CLIP image embeddings or on pixels); a still video maximises it, so it is a term beside a content reward. `vlm_video` is
@@ -34,7 +36,7 @@ def _per_frame(
     videos = videos_of(videos, f"per_frame({name})")
     b, f = videos.shape[:2]
     frame_prompts = [p for p in prompts for _ in range(f)]
-    frame_meta = [{**m, "frame": i} for m in metadata for i in range(f)]
+    frame_meta = [{**{k: v for k, v in m.items() if k != "group"}, "frame": i} for m in metadata for i in range(f)]
     values = fn(videos.flatten(0, 1), frame_prompts, frame_meta)
     if len(values) != b * f:
         raise ValueError(f"per_frame({name}) got {len(values)} scores for {b * f} frames")
