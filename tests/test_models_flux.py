@@ -246,7 +246,7 @@ def test_bad_inputs_fail_clearly(policy, tmp_path):
 RECIPE_NAMES = [name for name in RECIPES if name.startswith("flux")]
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
             "nft": "actor/nft/positive", "online_dpo": "actor/dpo/accuracy", "awm": "actor/clip_frac",
-            "gardo": "gardo/gated", "tempflow": "actor/clip_frac"}  # fmt: skip
+            "gardo": "gardo/gated", "tempflow": "actor/clip_frac", "branchgrpo": "actor/clip_frac"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +294,8 @@ def test_flux_recipe_runs_two_steps(name, paths, recipe_data, tmp_path):
                   'algorithm.gardo_auxiliary=["jpeg_incompressibility"]']  # fmt: skip
     if config.algorithm.name == "tempflow":  # one prompt's 2 trunks x 2 branches at steps 0 and 1: 8 images and rows
         small += ["data.prompts_per_step=1", "rollout.steps=3", "rollout.branches=2"]
+    if config.algorithm.name == "branchgrpo":  # one prompt's tree split at steps 0 and 2 of 4: 4 leaves, 12 edges
+        small += ["data.prompts_per_step=1", "rollout.n=1", "rollout.split_steps=[0,2]"]
     main(validate(apply_overrides(config, small)))
     assert torch.backends.cuda.cudnn_sdp_enabled()  # the recipe's engine.cudnn_attention=false stayed in its blocks
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")

@@ -1,5 +1,5 @@
 """FLUX.1-dev text rendering and FLUX.1-Kontext editing recipes: FlowGRPO LoRA and its algorithm variants (AWM,
-GARDO and TempFlow-GRPO on FLUX.1-dev only, where their references run).
+GARDO, TempFlow-GRPO and BranchGRPO on FLUX.1-dev only, where their references run).
 
 FLUX.1-dev (`flux_ocr_*`): point `model.path` at a local FLUX.1-dev pipeline folder and `data.prompts` /
 `data.val_prompts` at the parquet files of `omnialign prepare ocr`; the reward is OCR of the quoted text.
@@ -160,6 +160,34 @@ def flux_ocr_tempflow_lora() -> Config:
     return c
 
 
+def flux_ocr_branchgrpo_lora() -> Config:
+    """BranchGRPO on FLUX.1-dev OCR (Fredreic1849/BranchGRPO scripts/finetune/finetune_flux_branchgrpo_8gpus.sh, an
+    HPSv2.1 run): 16 prompts a step (its 2 trees per GPU x 8 GPUs), one tree each: Dance SDE (eta 0.3) on all 20
+    steps at its static shift 3 (28 ODE steps to validate), splitting in two at steps 0, 3, 6 and 9: 16 leaves, 218
+    edges a tree, 3488 rows a step in one optimizer step (micro-batches of 4: 109 is prime, so 4 is the largest
+    micro-batch that divides each GPU's 436 rows on 8 GPUs); clip 1e-3, advantages clipped to +-5, no KL, mean
+    fusion, no pruning, 300 steps (its iterations). Ours: OCR for HPSv2.1, the base's LoRA r64/a128 at lr 3e-4 where
+    the reference fine-tunes every weight at lr 1e-5, the base's 512x512 where it renders 720x720 (2025 tokens a
+    sample against 1024; `rollout.height=rollout.width=720` for its size).
+    Split noise 1 (ours), not its 4: with 1 each stored log-prob is the density its sample was drawn from, where its
+    split children are drawn 4x wider than the std that scores them (and their log-prob gradient is 4x larger); on
+    glyphs its Dance eta 0.3 with 4x split noise stayed flat over 100 steps (BENCHMARKS.md "BranchGRPO on glyphs").
+    `rollout.split_noise_scale=4` reproduces it. Its depth-pruned row (DepPru) has no recipe: the depths it pruned
+    are not published as a fixed set (its launcher's sliding window is not implemented here)."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_branchgrpo_lora")
+    c.algorithm.name = "branchgrpo"
+    c.model.shift = 3.0  # the reference's static sd3_time_shift (the base: FLUX's dynamic shift, 1.88 at 512x512)
+    c.data.prompts_per_step, c.rollout.n = 16, 1  # one tree per prompt: its depths are the groups
+    c.rollout.steps = 20
+    c.rollout.kind, c.rollout.eta = "dance", 0.3
+    c.rollout.split_steps, c.rollout.split_factor, c.rollout.split_noise_scale = [0, 3, 6, 9], 2, 1.0
+    c.rollout.window_size, c.rollout.window_end = 0, None  # every edge of the tree is an SDE row
+    c.algorithm.clip_range, c.algorithm.adv_clip, c.algorithm.kl_coef = 1e-3, 5.0, 0.0
+    c.actor.micro_batch_size, c.actor.mini_batch_size = 4, None
+    c.trainer.total_steps = 300
+    return c
+
+
 def _kontext(base: Config, name: str) -> Config:
     """A FLUX.1-dev OCR recipe moved to FLUX.1-Kontext text editing: the same algorithm settings, edit prompts of
     512x512 sources, the `ocr_edit` reward, half the micro-batches (a sample carries its source's tokens too)."""
@@ -206,7 +234,7 @@ def flux_kontext_edit_online_dpo_lora() -> Config:
 
 RECIPES = {f.__name__: f for f in (
     flux_ocr_flowgrpo_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora, flux_ocr_nft_lora,
-    flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_ocr_tempflow_lora,
+    flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_ocr_tempflow_lora, flux_ocr_branchgrpo_lora,
     flux_kontext_edit_flowgrpo_lora, flux_kontext_edit_grpo_guard_lora, flux_kontext_edit_mixgrpo_lora,
     flux_kontext_edit_dppo_lora, flux_kontext_edit_nft_lora, flux_kontext_edit_online_dpo_lora,
 )}  # fmt: skip
