@@ -22,8 +22,8 @@ ONLINE_DPO_AT_60 = pytest.mark.xfail(strict=True, reason=(
     "6s, 8s or blobs). Over five seeds x 300 GPU steps it ends at gold 0.925-1.000, not a digit 0-0.0625 "
     "(BENCHMARKS.md, Learning on every seed)"))  # fmt: skip
 GLYPHS_RECIPES = ["glyphs", "glyphs_cps", "glyphs_dance", "glyphs_mixgrpo", "glyphs_grpo_guard", "glyphs_dppo",
-                  "glyphs_nft", pytest.param("glyphs_online_dpo", marks=ONLINE_DPO_AT_60),
-                  "glyphs_distill"]  # fmt: skip
+                  "glyphs_nft", "glyphs_dgpo", "glyphs_gardo", "glyphs_tempflow", "glyphs_branch",
+                  pytest.param("glyphs_online_dpo", marks=ONLINE_DPO_AT_60), "glyphs_distill"]  # fmt: skip
 # DanceGRPO still draws a few glitchy digit hybrids at step 60 (not a digit 0.050 -> 0.062 of the 320 images on
 # the CPU, likewise on an H200 at lr 1e-4 and 2e-4); by step 120 it is under the base's (BENCHMARKS.md).
 STEPS = {"glyphs_dance": 120}

@@ -28,6 +28,10 @@ def test_recipe_runs_two_steps(name, tmp_path, request):
         small += ["rollout.window_size=2", "rollout.window_shift_every=1", "rollout.window_end=3"]
     if config.algorithm.name == "awm":
         small.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
+    if config.algorithm.name in ("tempflow", "branchgrpo"):  # one trunk or tree per prompt
+        small.append("rollout.n=1")
+    if config.algorithm.name == "tempflow":
+        small += ["rollout.branches=2", "rollout.branch_steps=[1,2]"]  # 4 images a trunk
     if config.algorithm.name == "branchgrpo":
         small.append("rollout.split_steps=[0,2]")  # of the 4 steps
     if config.algorithm.name == "dgpo":

@@ -23,7 +23,7 @@ SMALL = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.v
          "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
          "actor.mini_batch_size=none"]  # fmt: skip
 FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_dgpo",
-            "glyphs_gardo", "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
+            "glyphs_gardo", "glyphs_tempflow", "glyphs_branch", "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
 
 
 def small(name, out, *extra):
@@ -33,6 +33,8 @@ def small(name, out, *extra):
         args += ["rollout.window_size=2", "rollout.window_end=3"]
     if config.algorithm.name == "awm":
         args.append("algorithm.awm_timesteps=2")  # of the 3 steps after the first
+    if config.algorithm.name in ("tempflow", "branchgrpo"):  # one trunk or tree per prompt, 4 images each
+        args += ["rollout.n=1", "rollout.branches=2", "rollout.branch_steps=[1,2]", "rollout.split_steps=[0,2]"]
     if config.algorithm.name == "dgpo":
         args += ["algorithm.dgpo_timesteps=1", "algorithm.dgpo_first_steps=3"]  # one level (test_recipes: two)
     if config.algorithm.name == "gardo":  # refreshed after step 2, so step 3's KL (0) needs the checkpointed one
