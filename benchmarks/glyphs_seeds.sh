@@ -6,7 +6,7 @@
 # OUT/seeds.json and OUT/seeds.png with benchmarks/glyphs_seeds.py (`--into benchmarks/glyphs/seeds.json` there
 # merges a sweep into the shipped table). Runs go round-robin over the GPUs.
 out=$1; steps=${2:-300}; seeds=${3:-5}; shift $(($# < 3 ? $# : 3))
-recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_dgpo glyphs_gardo glyphs_tempflow glyphs_online_dpo glyphs_distill}
+recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_dgpo glyphs_gardo glyphs_tempflow glyphs_branch glyphs_online_dpo glyphs_distill}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1)); jobs=${JOBS:-$(nproc)}  # before OMP_NUM_THREADS=1, which nproc obeys
 mkdir -p $out/runs $out/logs
 export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1
