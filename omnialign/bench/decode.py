@@ -109,12 +109,13 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
         keep = is_stop.cumsum(1) - is_stop == 0  # through each row's stop token
         reference = training_logprobs(policy, ids, out, keep)
         gaps = logprob_gaps(reference, lp, keep)
-        decode_tps = batch * (out.shape[1] - 1) / max(total - first, 1e-9)
+        # None where the one-token run took longer than the whole (timing noise of a tiny model on a busy CPU)
+        decode_tps = batch * (out.shape[1] - 1) / (total - first) if total > first else None
         row = {"decoder": name, "model": f"qwen3-{'tiny' if tiny else model_size}", "batch": batch,
                "prompt_len": prompt_len, "new_tokens": out.shape[1], "seconds": round(total, 3),
                "prefill_and_first_s": round(first, 3), "tokens_per_s": round(batch * out.shape[1] / total, 1),
-               "decode_tokens_per_s": round(decode_tps, 1), "bound_tokens_per_s": round(bound, 1),
-               "share_of_bound": round(decode_tps / bound, 3), **gaps,
+               "decode_tokens_per_s": decode_tps and round(decode_tps, 1), "bound_tokens_per_s": round(bound, 1),
+               "share_of_bound": decode_tps and round(decode_tps / bound, 3), **gaps,
                "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
