@@ -126,8 +126,10 @@ def main() -> None:
     if args.into:
         merged = json.loads(args.into.read_text()) if args.into.exists() else {}
         args.into.write_text(json.dumps({**merged, **table}, indent=1))
-    print("| recipe | seeds | gold base | gold final | reward final | not a digit | diversity | collapsed | "
-          "steps to gold 0.9 |")
+    print(
+        "| recipe | seeds | gold base | gold final | reward final | not a digit | diversity | collapsed | "
+        "steps to gold 0.9 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for recipe, e in table.items():
         print(f"| {recipe} | {len(e['seeds'])} | {e['gold_base']:.3f} | {spread(e['gold_final'])} | "
