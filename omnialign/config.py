@@ -97,6 +97,10 @@ class RolloutConfig:
     """Image width in pixels."""
     guidance: float = 1.0
     """Classifier-free guidance scale; 1 disables CFG (no unconditional forward)."""
+    guidance_2: float | None = None
+    """Wan 2.2 A14B's guidance on the low-noise expert's steps (`transformer_2`, sigma < boundary_ratio), the
+    pipeline's `guidance_scale_2` (released: 3 with guidance 4); None: rollout.guidance. Rollout, replay and
+    validation all use it; a model with one network refuses it at its first rollout."""
     cfg_rescale: bool = False
     """Rescale the guided velocity to the conditional one's norm (Qwen-Image true CFG)."""
     negative_prompt: str = ""

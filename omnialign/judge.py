@@ -349,8 +349,10 @@ def generation_settings(config: Config) -> dict:
     m = config.model
     settings = {"arch": m.arch, "base": m.path, "dtype": m.dtype, "seed": config.seed}
     if is_image(config):
-        keep = ("val_steps", "height", "width", "guidance", "cfg_rescale", "negative_prompt")
+        keep = ("val_steps", "height", "width", "guidance", "guidance_2", "cfg_rescale", "negative_prompt")
         rollout = {k: v for k, v in asdict(config.rollout).items() if k in keep}
+        if rollout["guidance_2"] is None:  # absent unless set, so that stages cached before it keep their settings
+            del rollout["guidance_2"]
         return {**settings, "shift": m.shift, "text_tokens": m.text_tokens, **rollout}
     return {**settings, "max_new_tokens": config.generation.max_new_tokens, "stop": config.generation.stop}
 

@@ -1,7 +1,8 @@
 """The Wan 2.1 / 2.2 text-to-video adapter on tiny random `WanPipeline` folders: loading, prompt encoding, shapes,
 equivalence of our rollout-level ODE sampling and `decode` with diffusers' own `WanPipeline` (run with a
 `FlowMatchEulerDiscreteScheduler` of the same shift swapped in for the released UniPC), Wan 2.2's two experts,
-bad folders and frame counts, and a FlowGRPO run of two steps."""
+Wan 2.2 A14B's two guidance scales (rollout.guidance_2) against the pipeline's and in replay, bad folders and
+frame counts, and a FlowGRPO run of two steps."""
 
 import json
 import math
@@ -11,12 +12,14 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-from omnialign.config import ModelConfig, apply_overrides, validate
+from omnialign.config import ModelConfig, RolloutConfig, apply_overrides, validate
 from omnialign.diffusion.sampling import per_sample_noise, sample
 from omnialign.metrics import read_metrics
 from omnialign.models import LOADERS, tiny, wan
 from omnialign.recipes import RECIPES
+from omnialign.rollout.diffusion import step_guidance
 from omnialign.train import main
+from omnialign.trainer.objectives import replay
 
 PROMPTS = ["a red cat  running at noon ", "waves &amp; sand"]  # the pipeline cleans spaces and HTML escapes
 NEGATIVE = ["blurry, static"] * 2
@@ -138,6 +141,53 @@ def test_two_experts_match_the_pipeline_and_only_the_first_trains(paths):
     assert policy.velocity(x, torch.tensor([0.95, 0.91]), cond).requires_grad
     with pytest.raises(ValueError, match="sigma=0.500.*rollout.window_end"):
         policy.velocity(x, mixed, cond)
+
+
+def test_two_guidance_scales_match_the_pipeline_and_replay(paths):
+    """Wan 2.2 A14B's guidance_scale_2: CFG 4 on transformer's steps, 3 on transformer_2's, per sample. ODE latents
+    equal WanPipeline(guidance_scale=4, guidance_scale_2=3)'s; stored SDE transitions whose batch mixes both
+    experts' steps replay to the rollout's log-probs; a one-transformer model refuses guidance_2."""
+    policy = load(paths["wan22"])
+    config = RolloutConfig(guidance=4.0, guidance_2=3.0, kind="sde", eta=0.7)
+    cond, uncond = policy.encode_prompts(PROMPTS), policy.encode_prompts(NEGATIVE)
+    sigmas, shape = policy.schedule(4, HEIGHT, WIDTH), policy.latent_shape(HEIGHT, WIDTH)
+    generators = [torch.Generator().manual_seed(s) for s in SEEDS]
+    out = sample(policy.velocity, generators, shape, sigmas, cond, uncond,
+                 guidance=lambda sigma: step_guidance(policy, sigma, config), window=0)  # fmt: skip
+    noise = per_sample_noise([torch.Generator().manual_seed(s) for s in SEEDS], shape)
+    with torch.no_grad():
+        expected = pipeline(paths["wan22"])(
+            PROMPTS,
+            negative_prompt=NEGATIVE,
+            height=HEIGHT,
+            width=WIDTH,
+            num_frames=FRAMES,
+            num_inference_steps=4,
+            guidance_scale=4.0,
+            guidance_scale_2=3.0,
+            latents=noise,
+            output_type="latent",
+            max_sequence_length=TEXT,
+        ).frames
+    torch.testing.assert_close(out.final, expected, rtol=1e-4, atol=1e-5)
+    one = sample(policy.velocity, [torch.Generator().manual_seed(s) for s in SEEDS], shape, sigmas, cond, uncond,
+                 guidance=4.0, window=0)  # fmt: skip
+    assert (one.final - out.final).abs().max() > 1e-3  # guidance_2 changes the low-noise steps
+
+    starts = torch.tensor([0, 1])  # sample 0 stores steps 0-2, sample 1 steps 1-3: each replayed batch mixes sigmas
+    rollout = sample(policy.velocity, [torch.Generator().manual_seed(s) for s in SEEDS], shape, sigmas, cond, uncond,
+                     guidance=lambda sigma: step_guidance(policy, sigma, config), kind="sde", eta=0.7, starts=starts,
+                     window=3)  # fmt: skip
+    highs = []
+    for j in range(3):
+        inputs = {"x": rollout.latents[:, j], "x_next": rollout.latents[:, j + 1], "sigma": rollout.sigmas[:, j],
+                  "sigma_next": rollout.sigmas[:, j + 1], "cond": cond, "uncond": uncond}  # fmt: skip
+        highs.append(policy.high_noise(inputs["sigma"]).tolist())
+        with torch.no_grad():
+            torch.testing.assert_close(replay(policy, inputs, config).log_prob, rollout.log_probs[:, j])
+    assert [True, False] in highs  # a replayed batch with both guidance scales
+    with pytest.raises(ValueError, match=r"rollout.guidance_2=3.0 .* \(WanPolicy\) has one network"):
+        step_guidance(load(paths["wan21"]), sigmas[:2], config)
 
 
 def test_bad_folder_and_frames_fail_clearly(paths, tmp_path):

@@ -48,6 +48,8 @@ def test_recipe_validates_with_the_released_settings(name):
     assert c.rollout.kind == ("cps" if "_cps_" in name else "sde")
     size = (c.rollout.height, c.rollout.width, c.model.frames, c.model.shift)
     assert size == ((704, 1280, 121, 5.0) if "ti2v_5b" in name else (480, 832, 81, 12.0 if "a14b" in name else 3.0))
+    guidance = (4.0, 3.0) if "a14b" in name else (1.0 if algorithm == "nft" else 5.0, None)
+    assert (c.rollout.guidance, c.rollout.guidance_2) == guidance  # A14B: high- / low-noise expert's
 
 
 @pytest.mark.parametrize("folder, blocks, params", [("Wan2.1-T2V-1.3B-Diffusers", 30, 1_418_996_800),

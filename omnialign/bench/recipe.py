@@ -184,7 +184,7 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
             image_tokens, text_tokens = qwen_image_edit_tokens(policy, r.height, r.width)
         forward = transformer_flops(layers, tc.num_attention_heads * tc.attention_head_dim, image_tokens,
                                     text_tokens)  # fmt: skip
-    cfg = 2 if r.guidance != 1.0 else 1
+    cfg = 2 if r.guidance != 1.0 or r.guidance_2 not in (None, 1.0) else 1
     backward = 1 if config.model.lora.rank else 2
     if a.name == "nft":
         train = a.nft_timesteps * (3 + backward)  # v, v_old, v_ref forwards + backward of v

@@ -15,6 +15,8 @@ from tensordict import TensorDict
 from omnialign.diffusion import sde
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor, TensorDict], torch.Tensor]
+Guidance = float | torch.Tensor
+"""A CFG scale: one for the batch, or one per sample (B,)."""
 
 
 def guided_velocity(
@@ -23,15 +25,18 @@ def guided_velocity(
     sigma: torch.Tensor,
     cond: TensorDict,
     uncond: TensorDict | None = None,
-    guidance: float = 1.0,
+    guidance: Guidance = 1.0,
     rescale: bool = False,
 ) -> torch.Tensor:
-    """v = v_u + g*(v_c - v_u) in one batched forward; `rescale` (Qwen-Image true CFG) then scales
-    v to the norm of v_c over the last (channel) dim of packed latents."""
-    if uncond is None or guidance == 1.0:
+    """v = v_u + g*(v_c - v_u) in one batched forward; g a float or one per sample (B,) (Wan 2.2 A14B's two
+    guidance scales), broadcast over the latent dims. `rescale` (Qwen-Image true CFG) then scales v to the norm
+    of v_c over the last (channel) dim of packed latents."""
+    if uncond is None or (not isinstance(guidance, torch.Tensor) and guidance == 1.0):
         return velocity_fn(latents, sigma, cond)
     both = velocity_fn(torch.cat([latents, latents]), torch.cat([sigma, sigma]), torch.cat([cond, uncond]))
     v_cond, v_uncond = both.float().chunk(2)
+    if isinstance(guidance, torch.Tensor):
+        guidance = guidance.to(v_cond.device, torch.float32).view(-1, *[1] * (v_cond.ndim - 1))
     v = v_uncond + guidance * (v_cond - v_uncond)
     if rescale:
         v = v * (v_cond.norm(dim=-1, keepdim=True) / v.norm(dim=-1, keepdim=True))
@@ -62,7 +67,7 @@ def sample(
     sigmas: torch.Tensor,
     cond: TensorDict,
     uncond: TensorDict | None = None,
-    guidance: float = 1.0,
+    guidance: Guidance | Callable[[torch.Tensor], Guidance] = 1.0,
     cfg_rescale: bool = False,
     kind: str = "sde",
     eta: float = 0.0,
@@ -72,7 +77,8 @@ def sample(
 ) -> Sampled:
     """Denoise from per-sample noise along `sigmas` (N+1,) on `device` (None: the host); steps k in
     [starts_b, starts_b + window) of sample b use the `kind` transition with noise level eta, all others
-    the ODE (Euler) step. `generators` are host generators, one per sample.
+    the ODE (Euler) step. `generators` are host generators, one per sample. `guidance` is a scale or a function
+    of the step's sigma (B,) giving one (Wan 2.2 A14B: a scale per expert).
 
     With window=0 this is plain ODE sampling (validation) and the captured tensors are empty.
     """
@@ -83,7 +89,8 @@ def sample(
     latents, log_probs, means = [x], [], []
     for k in range(len(sigmas) - 1):
         sigma, sigma_next = sigmas[k].expand(batch).to(device), sigmas[k + 1].expand(batch).to(device)
-        v = guided_velocity(velocity_fn, x, sigma, cond, uncond, guidance, cfg_rescale)
+        scale = guidance(sigma) if callable(guidance) else guidance
+        v = guided_velocity(velocity_fn, x, sigma, cond, uncond, scale, cfg_rescale)
         if window:
             noise = per_sample_noise(generators, latent_shape, device)
             tr = sde.transition(kind, v, x, sigma, sigma_next, eta * in_window[k].to(device), noise=noise)

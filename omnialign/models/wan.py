@@ -18,7 +18,10 @@ Everything mirrors `diffusers.WanPipeline` (a test samples with both and compare
   the pipeline run with that scheduler swapped in (the test does this), not the pipeline's UniPC output.
 - Wan 2.2 A14B's two experts: when the folder has `transformer_2` and model_index.json a `boundary_ratio`,
   `velocity` runs `transformer` (the high-noise expert) where sigma >= boundary_ratio and `transformer_2`
-  below, as the pipeline does (both under the one `rollout.guidance`). Only `transformer` is trained (LoRA,
+  below, as the pipeline does (`high_noise(sigma)` is that test). CFG is `rollout.guidance` on the high-noise
+  expert's steps and `rollout.guidance_2` (the pipeline's `guidance_scale_2`; None: rollout.guidance) on the
+  low-noise expert's, per sample (`rollout.diffusion.step_guidance`, used by rollout, replay and validation alike;
+  a model without two experts refuses guidance_2). Only `transformer` is trained (LoRA,
   sharding and checkpoints see only it): it lays out the composition and motion the rewards judge, and one
   trained expert keeps one set of weights per run. `transformer_2` stays frozen, so a velocity computed
   with gradients below the boundary fails: keep the SDE window (`rollout.window_end`) in the high-noise steps.
@@ -112,11 +115,18 @@ class WanPolicy:
             return_dict=False,
         )[0]
 
-    def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+    def high_noise(self, sigma: torch.Tensor) -> torch.Tensor | None:
+        """Where the high-noise expert `transformer` runs, per sample (B,) bool: the pipeline's test on its timesteps
+        (timestep >= boundary_ratio * num_train_timesteps); None with one transformer. `rollout.guidance_2`
+        applies where this is False."""
         if self.transformer_2 is None:
+            return None
+        return sigma * self.num_train_timesteps >= self.boundary_ratio * self.num_train_timesteps
+
+    def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        high = self.high_noise(sigma)
+        if high is None:
             return self._expert(self.transformer, latents, sigma, cond["embeds"])
-        timestep = sigma * self.num_train_timesteps
-        high = timestep >= self.boundary_ratio * self.num_train_timesteps  # the pipeline's test, on its timesteps
         if high.all():
             return self._expert(self.transformer, latents, sigma, cond["embeds"])
         if torch.is_grad_enabled():

@@ -37,7 +37,7 @@ from omnialign.models import LOADERS
 from omnialign.models.base import DiffusionPolicy
 from omnialign.rewards import Rewards, RewardWorker
 from omnialign.rewards.base import to_pil
-from omnialign.rollout.diffusion import sample_seeds
+from omnialign.rollout.diffusion import sample_seeds, step_guidance, uses_cfg
 
 CONFIG_KEYS = (
     "seed",
@@ -48,6 +48,7 @@ CONFIG_KEYS = (
     "rollout.height",
     "rollout.width",
     "rollout.guidance",
+    "rollout.guidance_2",
     "rollout.cfg_rescale",
     "rollout.negative_prompt",
     "rollout.micro_batch_size",
@@ -146,7 +147,7 @@ def candidates(
         policy.schedule(r.steps, r.height, r.width),
         repeated,
         None if uncond is None else uncond.expand(len(seeds)),
-        guidance=r.guidance,
+        guidance=lambda sigma: step_guidance(policy, sigma, r),
         cfg_rescale=r.cfg_rescale,
         device=device,
     )
@@ -263,7 +264,7 @@ def prepare_offline_dpo(
                     policy,
                     [prompts[i] for i in ids],
                     seeds[ids].flatten(),
-                    negative if r.guidance != 1.0 else None,
+                    negative if uses_cfg(r) else None,
                     config,
                     world.device,
                 )

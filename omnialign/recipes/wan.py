@@ -8,10 +8,11 @@ so a recipe runs with no downloads; `reward.weights` / `reward.per_frame` swap i
 Sizes: Wan 2.1 T2V 1.3B and 14B and Wan 2.2 T2V-A14B at 480p (832x480, 81 frames: 21 latent frames of 30x52
 tokens, 32760 per video), Wan 2.2 TI2V-5B at its 704x1280, 121 frames (31 latent frames of 22x40). Sampling
 follows the released configs: the pipeline's negative prompt (Wan's `sample_neg_prompt`), UMT5's 512 text tokens,
-shift 3 and CFG 5 for Wan 2.1 at 480p, shift 12 and the high-noise expert's CFG 4 for A14B, shift 5 and CFG 5 for
-TI2V-5B. The RL settings follow Flow-GRPO's Wan 2.1 OCR run (20 rollout steps, lr 1e-4, clip 1e-3; that run
-used 416x240 at 33 frames, 4 videos per prompt and trained every step); here 8 videos per prompt, an SDE window
-of 2 steps in the first half of the trajectory and 50 validation steps (the pipeline's default).
+shift 3 and CFG 5 for Wan 2.1 at 480p, shift 12 and CFG 4 on the high-noise expert's steps and 3 on the low-noise
+expert's (`rollout.guidance_2`, the pipeline's guidance_scale_2) for A14B, shift 5 and CFG 5 for TI2V-5B. The RL
+settings follow Flow-GRPO's Wan 2.1 OCR run (20 rollout steps, lr 1e-4, clip 1e-3; that run used 416x240 at 33
+frames, 4 videos per prompt and trained every step); here 8 videos per prompt, an SDE window of 2 steps in the
+first half of the trajectory and 50 validation steps (the pipeline's default).
 
 Wan 2.2 A14B trains only its high-noise expert (`transformer`, where sigma >= boundary_ratio 0.875); the recipes
 put the SDE window's end at the last rollout step above that boundary for their shift (13 of 20 at shift 12).
@@ -195,8 +196,10 @@ def wan21_t2v_14b_ocr_flowgrpo_full() -> Config:
 
 def wan22_t2v_a14b_ocr_flowgrpo_lora() -> Config:
     """FlowGRPO on Wan 2.2 T2V-A14B OCR per frame, training the high-noise expert: LoRA r64/a128, 8 prompts x 8
-    videos of 832x480x81, CFG 4, shift 12, eta 0.7, window 2 in the 13 high-noise steps of 20."""
+    videos of 832x480x81, CFG 4 on the high-noise expert's steps and 3 on the low-noise expert's (the released
+    sample_guide_scale (3.0, 4.0)), shift 12, eta 0.7, window 2 in the 13 high-noise steps of 20."""
     c = _wan("wan22_t2v_a14b_ocr_flowgrpo_lora", "models/Wan2.2-T2V-A14B-Diffusers", shift=12.0, guidance=4.0)
+    c.rollout.guidance_2 = 3.0
     c.rollout.window_end = high_noise_steps(c.rollout.steps, c.model.shift, A14B_BOUNDARY)
     return _large(c)
 

@@ -8,7 +8,7 @@ from tqdm import tqdm
 from omnialign.batch import Trajectory
 from omnialign.config import RolloutConfig
 from omnialign.diffusion import sde
-from omnialign.diffusion.sampling import sample
+from omnialign.diffusion.sampling import Guidance, sample
 from omnialign.models.base import DiffusionPolicy
 
 
@@ -41,13 +41,34 @@ def window_starts(seeds: torch.Tensor, config: RolloutConfig, step: int, seed: i
     return torch.full((len(seeds),), start, dtype=torch.long)
 
 
+def uses_cfg(config: RolloutConfig) -> bool:
+    """Whether any step runs CFG (an unconditional forward): rollout.guidance or rollout.guidance_2 not 1."""
+    return config.guidance != 1.0 or config.guidance_2 not in (None, 1.0)
+
+
+def step_guidance(policy: DiffusionPolicy, sigma: torch.Tensor, config: RolloutConfig) -> Guidance:
+    """The CFG scale of each sample at sigma (B,): rollout.guidance, or with rollout.guidance_2 set (Wan 2.2 A14B)
+    one per sample, guidance_2 where the policy's low-noise expert runs (its `high_noise(sigma)` False), as the
+    pipeline's guidance_scale_2. Rollout, replay and validation all take it from here, so replayed log-probs
+    equal the rollout's."""
+    if config.guidance_2 is None:
+        return config.guidance
+    high = getattr(policy, "high_noise", lambda sigma: None)(sigma)
+    if high is None:
+        raise ValueError(
+            f"rollout.guidance_2={config.guidance_2} is the guidance of Wan 2.2 A14B's low-noise expert, and this "
+            f"model ({type(policy).__name__}) has one network: unset rollout.guidance_2 (rollout.guidance applies)"
+        )
+    return torch.where(high, config.guidance, config.guidance_2).float()
+
+
 def _conditions(
     policy: DiffusionPolicy, prompts: list[str], sources: list[list[torch.Tensor]] | None, config: RolloutConfig
 ) -> tuple:
     """Prompt conditions, and the negative prompt's when CFG is on (else None); an editing model's negative
     conditions see the same source images, as its pipeline's do."""
     uncond = None
-    if config.guidance != 1.0:
+    if uses_cfg(config):
         uncond = policy.encode_prompts([config.negative_prompt] * len(prompts), sources)
     return policy.encode_prompts(prompts, sources), uncond
 
@@ -85,7 +106,8 @@ def generate(
         cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
         out = sample(
             policy.velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
-            guidance=config.guidance, cfg_rescale=config.cfg_rescale, kind=config.kind, eta=config.eta,
+            guidance=lambda sigma: step_guidance(policy, sigma, config), cfg_rescale=config.cfg_rescale,
+            kind=config.kind, eta=config.eta,
             starts=starts[sl], window=config.window_size, device=device,
         )  # fmt: skip
         images.append(policy.decode(out.final))
@@ -125,6 +147,7 @@ def generate_ode(
         sl = slice(lo, lo + config.micro_batch_size)
         cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
         out = sample(policy.velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
-                     guidance=config.guidance, cfg_rescale=config.cfg_rescale, device=device)  # fmt: skip
+                     guidance=lambda sigma: step_guidance(policy, sigma, config), cfg_rescale=config.cfg_rescale,
+                     device=device)  # fmt: skip
         images.append(policy.decode(out.final))
     return torch.cat(images)
