@@ -10,6 +10,7 @@ from omnialign.config import RolloutConfig
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import Guidance, sample
 from omnialign.models.base import DiffusionPolicy
+from omnialign.models.wan import WanPolicy
 
 
 def sample_seeds(seed: int, step: int, count: int) -> torch.Tensor:
@@ -53,7 +54,7 @@ def step_guidance(policy: DiffusionPolicy, sigma: torch.Tensor, config: RolloutC
     equal the rollout's."""
     if config.guidance_2 is None:
         return config.guidance
-    high = getattr(policy, "high_noise", lambda sigma: None)(sigma)
+    high = policy.high_noise(sigma) if isinstance(policy, WanPolicy) else None
     if high is None:
         raise ValueError(
             f"rollout.guidance_2={config.guidance_2} is the guidance of Wan 2.2 A14B's low-noise expert, and this "
