@@ -499,6 +499,16 @@ def branch_steps(rollout: RolloutConfig) -> list[int]:
     return list(range(rollout.steps - 1)) if rollout.branch_steps is None else rollout.branch_steps
 
 
+def leaves_per_sample(rollout: RolloutConfig) -> int:
+    """TempFlow-GRPO: the images (and trained rows) of one trunk: rollout.branches at each branch step."""
+    return rollout.branches * len(branch_steps(rollout))
+
+
+def tree_leaves(rollout: RolloutConfig) -> int:
+    """BranchGRPO: the images of one tree: rollout.split_factor children at each split step."""
+    return rollout.split_factor ** len(rollout.split_steps)
+
+
 def tree_widths(rollout: RolloutConfig) -> list[int]:
     """BranchGRPO: the nodes of one tree after each step k (its edges of step k, of child depth k + 1)."""
     return [rollout.split_factor ** sum(s <= k for s in rollout.split_steps) for k in range(rollout.steps)]
@@ -524,7 +534,7 @@ def training_batch(config: Config) -> tuple[int, int, str]:
         per = tree_rows(config)
         return d.prompts_per_step * config.rollout.n * per, 1, f"edges: data.prompts_per_step * rollout.n * {per}"
     if config.algorithm.name in BRANCHED_ALGORITHMS:  # one row per branch transition
-        per = len(branch_steps(config.rollout)) * config.rollout.branches
+        per = leaves_per_sample(config.rollout)
         return (
             d.prompts_per_step * config.rollout.n * per,
             1,
@@ -666,6 +676,11 @@ def validate(config: Config) -> Config:
     return config
 
 
+def _step_indices(steps: list[int], count: int) -> bool:
+    """Whether `steps` is a non-empty list of distinct step indices in [0, count)."""
+    return len(steps) >= 1 and len(set(steps)) == len(steps) and all(0 <= k < count for k in steps)
+
+
 def _branch_checks(config: Config) -> list[tuple[bool, str]]:
     r = config.rollout
     if config.algorithm.name == "branchgrpo":
@@ -677,7 +692,7 @@ def _branch_checks(config: Config) -> list[tuple[bool, str]]:
         (r.branches >= 2,
          f"rollout.branches={r.branches}: TempFlow-GRPO compares the branches of one state, so it needs at least 2 "
          "(the reference: 6)"),
-        (len(steps) >= 1 and len(set(steps)) == len(steps) and all(0 <= k < r.steps for k in steps),
+        (_step_indices(steps, r.steps),
          f"rollout.branch_steps={r.branch_steps}: distinct step indices in [0, rollout.steps={r.steps}); null "
          "branches at every step but the last"),
         (r.kind != "cps" or r.steps - 1 not in steps,
@@ -693,7 +708,7 @@ def _tree_checks(config: Config) -> list[tuple[bool, str]]:
         (r.split_factor >= 2,
          f"rollout.split_factor={r.split_factor}: BranchGRPO compares the children of each split, so it needs at "
          "least 2 (the reference: 2)"),
-        (len(splits) >= 1 and len(set(splits)) == len(splits) and all(0 <= k < r.steps for k in splits),
+        (_step_indices(splits, r.steps),
          f"rollout.split_steps={splits}: at least one, distinct step indices in [0, rollout.steps={r.steps}) (the "
          "reference: [0, 3, 6, 9] of 20)"),
         (r.split_noise_scale > 0,

@@ -13,16 +13,11 @@ from tensordict import TensorDict
 from tqdm import tqdm
 
 from omnialign.batch import Branched, Trajectory
-from omnialign.config import RolloutConfig, branch_steps, tree_widths
+from omnialign.config import RolloutConfig, branch_steps, leaves_per_sample, tree_leaves, tree_widths
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity, per_sample_noise
 from omnialign.models.base import DiffusionPolicy
 from omnialign.rollout.diffusion import _conditions, _generators, step_guidance
-
-
-def leaves_per_sample(config: RolloutConfig) -> int:
-    """Images a trunk of `generate_tempflow` leads to: rollout.branches at each branch step."""
-    return config.branches * len(branch_steps(config))
 
 
 def _velocity(
@@ -44,6 +39,39 @@ def _velocity(
         parts.append(guided_velocity(policy.velocity, x[sl], sigma[sl], cond[index], negative,
                                      step_guidance(policy, sigma[sl], config), config.cfg_rescale))  # fmt: skip
     return torch.cat(parts).float()
+
+
+def _decode(policy: DiffusionPolicy, latents: torch.Tensor, config: RolloutConfig) -> torch.Tensor:
+    """Images of the leaves' latents (L, *latent), decoded rollout.micro_batch_size at a time."""
+    step = config.micro_batch_size
+    return torch.cat([policy.decode(latents[i : i + step]) for i in range(0, len(latents), step)])
+
+
+def _rows(
+    stacked: dict[str, torch.Tensor],
+    sigmas: torch.Tensor,
+    final: torch.Tensor,
+    owner: torch.Tensor,
+    cond: TensorDict,
+    uncond: TensorDict | None,
+    group: torch.Tensor,
+    seeds: torch.Tensor,
+) -> Trajectory:
+    """The trained transitions as one-step rows (R,): `stacked` x, x_next, mean (R, *latent) and log_prob (R,), their
+    sigma pairs (R, 2), the final latent each leads to (R, *latent), and each row's sample (trunk or tree) `owner`
+    (R,), an index into the chunk's cond, uncond, group and seeds."""
+    return Trajectory(
+        final=final,
+        latents=torch.stack([stacked["x"], stacked["x_next"]], 1),
+        log_probs=stacked["log_prob"][:, None],
+        means=stacked["mean"][:, None],
+        sigmas=sigmas,
+        cond=cond[owner.to(cond.device)],
+        uncond=None if uncond is None else uncond[owner.to(uncond.device)],
+        group=group[owner],
+        seeds=seeds[owner],
+        batch_size=[len(owner)],
+    )
 
 
 @torch.no_grad()
@@ -104,8 +132,7 @@ def generate_tempflow(
         # branches were appended by (step, branch, trunk); a trunk's leaves and rows go together, by step and branch
         order = torch.arange(m * per, device=device).reshape(per, m).T.flatten()
         final = tails[order]
-        decoded = torch.cat([policy.decode(final[i : i + config.micro_batch_size])
-                             for i in range(0, len(final), config.micro_batch_size)])  # fmt: skip
+        decoded = _decode(policy, final, config)
         images.append(decoded)
         on_chunk(decoded, slice(lo * per, lo * per + len(decoded)))
         stacked = {key: torch.stack(value).flatten(0, 1)[order] for key, value in rows.items()}
@@ -114,18 +141,16 @@ def generate_tempflow(
         step_of = torch.arange(len(steps), device=device).repeat_interleave(config.branches).repeat(m)
         parts.append(
             (
-                Trajectory(
-                    final=final,
-                    latents=torch.stack([stacked["x"], stacked["x_next"]], 1),
-                    log_probs=stacked["log_prob"][:, None],
-                    means=stacked["mean"][:, None],
-                    sigmas=step_sigmas[step_of],
-                    cond=cond[trunk_of.to(cond.device)],
-                    uncond=None if uncond is None else uncond[trunk_of.to(uncond.device)],
-                    group=group[sl].to(device)[trunk_of],
-                    seeds=seeds[sl].to(device)[trunk_of],
-                    batch_size=[len(final)],
-                ),
+                _rows(
+                    stacked,
+                    step_sigmas[step_of],
+                    final,
+                    trunk_of,
+                    cond,
+                    uncond,
+                    group[sl].to(device),
+                    seeds[sl].to(device),
+                ),  # fmt: skip
                 (lo + trunk_of) * len(steps) + step_of,
                 stacked["std"],
             )
@@ -135,11 +160,6 @@ def generate_tempflow(
     tree = Branched(rows=rows, leaf_range=torch.stack([first, first + 1], 1),
                     row_group=torch.cat([p[1] for p in parts]), row_std=torch.cat([p[2] for p in parts]))  # fmt: skip
     return tree, torch.cat(images)
-
-
-def tree_leaves(config: RolloutConfig) -> int:
-    """Images a tree of `generate_tree` leads to: rollout.split_factor children at each split step."""
-    return config.split_factor ** len(config.split_steps)
 
 
 @torch.no_grad()
@@ -193,8 +213,7 @@ def generate_tree(
             for key, value in zip(rows, (x, tr.sample, tr.mean, tr.log_prob, tr.std)):
                 rows[key].append(value.unflatten(0, (m, width)))
             x = tr.sample
-        decoded = torch.cat([policy.decode(x[i : i + config.micro_batch_size])
-                             for i in range(0, len(x), config.micro_batch_size)])  # fmt: skip
+        decoded = _decode(policy, x, config)
         images.append(decoded)
         on_chunk(decoded, slice(lo * per, lo * per + len(decoded)))
         stacked = {key: torch.cat(value, 1).flatten(0, 1) for key, value in rows.items()}  # (m * E, ...) by tree
@@ -202,18 +221,16 @@ def generate_tree(
         leaf = tree_of * per + first.repeat(m)  # the first leaf below each row, in the chunk
         parts.append(
             (
-                Trajectory(
-                    final=x[leaf],
-                    latents=torch.stack([stacked["x"], stacked["x_next"]], 1),
-                    log_probs=stacked["log_prob"][:, None],
-                    means=stacked["mean"][:, None],
-                    sigmas=step_sigmas[step_of.repeat(m)],
-                    cond=cond[tree_of.to(cond.device)],
-                    uncond=None if uncond is None else uncond[tree_of.to(uncond.device)],
-                    group=group[sl].to(device)[tree_of],
-                    seeds=seeds[sl].to(device)[tree_of],
-                    batch_size=[len(tree_of)],
-                ),
+                _rows(
+                    stacked,
+                    step_sigmas[step_of.repeat(m)],
+                    x[leaf],
+                    tree_of,
+                    cond,
+                    uncond,
+                    group[sl].to(device),
+                    seeds[sl].to(device),
+                ),  # fmt: skip
                 torch.stack([leaf, leaf + below.repeat(m)], 1) + lo * per,
                 stacked["std"],
             )

@@ -31,13 +31,13 @@ from omnialign.algorithms.advantages import group_relative
 from omnialign.algorithms.distill import diffusion_distill
 from omnialign.algorithms.policy_gradient import dppo, dual_clip, gaussian_mean_kl, grpo_guard, ppo_clip
 from omnialign.batch import Branched, CleanBatch, PairBatch, Trajectory
-from omnialign.config import Config, RolloutConfig, recomputes_old_log_probs
+from omnialign.config import Config, RolloutConfig, leaves_per_sample, recomputes_old_log_probs, tree_leaves
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity
 from omnialign.engine import dist
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context
-from omnialign.rollout.branching import generate_tempflow, generate_tree, leaves_per_sample, tree_leaves
+from omnialign.rollout.branching import generate_tempflow, generate_tree
 from omnialign.rollout.diffusion import generate, step_guidance
 from omnialign.trainer.actor import Inputs, Objective, infer
 
