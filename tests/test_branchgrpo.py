@@ -10,7 +10,7 @@ from omnialign.algorithms import branching
 from omnialign.config import ConfigError, apply_overrides, training_batch, tree_rows, validate
 from omnialign.recipes import RECIPES
 
-CPU = torch.device("cpu")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the run's, as dist.init picks it
 
 
 def t(*values):
@@ -35,13 +35,13 @@ def grow(policy, config, prompts=("3", "7"), seeds=(11, 12)):
     from omnialign.rollout.branching import generate_tree
 
     n = len(prompts)
-    return generate_tree(policy, list(prompts), torch.arange(n), torch.tensor(seeds), config.rollout, CPU)
+    return generate_tree(policy, list(prompts), torch.arange(n), torch.tensor(seeds), config.rollout, DEVICE)
 
 
 def batch(policy, config, tree, leaf_rewards):
     from omnialign.trainer.objectives import branchgrpo
 
-    tree.rewards = leaf_rewards
+    tree.rewards = leaf_rewards.to(DEVICE)
     return branchgrpo(policy, config, None, None, None).batch(tree, 0)
 
 
@@ -54,9 +54,9 @@ def test_depth_advantages_of_a_hand_tree(policy):
     rows = batch(policy, config, tree, t(1.0, 0.0, 0.25, 0.25, 0.5, 0.5, 0.5, 0.5))
     assert tree.leaf_range[:10].tolist() == [[0, 2], [2, 4], *[[i, i + 1] for i in range(4)] * 2]
     leaves = t(1.4430, -0.8658, -0.2886, -0.2886)  # (1 - .375) / (.4330 + 1e-4), ...
-    torch.testing.assert_close(rows.advantages[:10], torch.cat([t(0.7067, -0.7067), leaves, leaves]), rtol=0,
+    torch.testing.assert_close(rows.advantages[:10].cpu(), torch.cat([t(0.7067, -0.7067), leaves, leaves]), rtol=0,
                                atol=1e-4)  # fmt: skip
-    torch.testing.assert_close(rows.advantages[10:], torch.zeros(10))
+    torch.testing.assert_close(rows.advantages[10:].cpu(), torch.zeros(10))
 
 
 def test_tree_rollout_structure_log_probs_and_seeds(policy):
@@ -73,14 +73,14 @@ def test_tree_rollout_structure_log_probs_and_seeds(policy):
     assert images.shape[0] == 8 and len(rows) == 24 == 2 * tree_rows(config)
     assert tree.row_step[:12].tolist() == [0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
     assert tree.row_group.tolist() == [4 * i + k for i in range(2) for k in tree.row_step[:12].tolist()]
-    sigmas = policy.schedule(4, r.height, r.width)
+    sigmas = policy.schedule(4, r.height, r.width).to(DEVICE)
     torch.testing.assert_close(rows.sigmas[:12], torch.stack([sigmas[:4], sigmas[1:]], 1)[tree.row_step[:12]])
     x, x_next, sigma = rows.latents[:, 0], rows.latents[:, 1], rows.sigmas[:, 0]
     tr = sde.transition(r.kind, policy.velocity(x, sigma, rows.cond), x, sigma, rows.sigmas[:, 1], r.eta,
                         sample=x_next)  # fmt: skip
     torch.testing.assert_close(tr.log_prob, rows.log_probs[:, 0], rtol=0, atol=1e-5)
     spread = ((x_next - tr.mean) / tr.std[:, None, None, None]).pow(2).mean((1, 2, 3)).sqrt()
-    split = torch.isin(tree.row_step, torch.tensor([0, 2]))
+    split = torch.isin(tree.row_step, torch.tensor([0, 2], device=DEVICE))
     assert (spread[split] - 4).abs().max() < 0.5 and (spread[~split] - 1).abs().max() < 0.2
     starts, ends = x.view(2, 12, -1), x_next.view(2, 12, -1)
     torch.testing.assert_close(starts[:, 0], starts[:, 1], rtol=0, atol=0)  # the root's two children
@@ -161,7 +161,7 @@ def test_depth_advantages_match_the_reference_formula_on_random_trees(policy):
         per = len(images) // 2
         for i in range(2):
             edges = reference_edge_advantages(steps, splits, factor, leaf_rewards[i * per : (i + 1) * per])
-            ours = rows.advantages.view(2, -1)[i]
+            ours = rows.advantages.view(2, -1)[i].cpu()
             expected = torch.cat([edges[k] for k in range(steps)])
             torch.testing.assert_close(ours, expected, rtol=1e-3, atol=1e-3)
 

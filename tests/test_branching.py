@@ -36,6 +36,9 @@ def test_noise_weights_reproduce_the_reference_constant_on_sd3():
     assert branching.noise_weights(ours).mean().item() == pytest.approx(1.0)
 
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the run's, as dist.init picks it
+
+
 def _policy(overrides: list[str]):
     from omnialign.engine import dist
     from omnialign.trainer.build import build_policy
@@ -54,13 +57,13 @@ def test_tempflow_rollout_branches_each_trunk_state_and_finishes_by_the_ode():
     from omnialign.trainer.objectives import replay
 
     config, policy, _ = _policy(["rollout.steps=6", "rollout.branches=3", "rollout.branch_steps=[1,4]"])
-    r, device = config.rollout, torch.device("cpu")
+    r, device = config.rollout, DEVICE
     args = (policy, ["3", "7"], torch.tensor([0, 1]), torch.tensor([11, 12]), r, device)
     tree, images = generate_tempflow(*args)
     rows = tree.rows
     assert images.shape[0] == len(rows) == 12 and rows.latents.shape[1] == 2
     assert tree.row_group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    sigmas = policy.schedule(6, r.height, r.width)
+    sigmas = policy.schedule(6, r.height, r.width).to(DEVICE)
     torch.testing.assert_close(
         rows.sigmas[:6], torch.stack([sigmas[[1, 1, 1, 4, 4, 4]], sigmas[[2, 2, 2, 5, 5, 5]]], 1)
     )
@@ -92,14 +95,12 @@ def test_tempflow_batch_normalises_each_trunk_state_and_weights_by_noise():
     from omnialign.trainer.objectives import tempflow
 
     config, policy, contexts = _policy(["rollout.steps=4", "rollout.branches=2", "rollout.branch_steps=[0,2]"])
-    tree, _ = generate_tempflow(
-        policy, ["5"], torch.tensor([0]), torch.tensor([3]), config.rollout, torch.device("cpu")
-    )
+    tree, _ = generate_tempflow(policy, ["5"], torch.tensor([0]), torch.tensor([3]), config.rollout, DEVICE)
     assert isinstance(tree, Branched)
-    tree.rewards = t(1.0, 0.0, 0.5, 0.5)
+    tree.rewards = t(1.0, 0.0, 0.5, 0.5).to(DEVICE)
     rows = tempflow(policy, config, contexts["reference"], None, None).batch(tree, 1)
     # (1 - 0.5) / (unbiased std 0.7071 + 1e-4) and its negative; a tied state gets 0
-    torch.testing.assert_close(rows.advantages, t(0.7070, -0.7070, 0.0, 0.0), rtol=0, atol=1e-4)
+    torch.testing.assert_close(rows.advantages.cpu(), t(0.7070, -0.7070, 0.0, 0.0), rtol=0, atol=1e-4)
     std = tree.row_std
     assert std[0] == std[1] and std[2] == std[3] and std[0] > std[2]
     torch.testing.assert_close(rows.loss_weights, std / std.mean())
