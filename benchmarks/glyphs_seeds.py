@@ -18,9 +18,11 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from omnialign.config import from_dict, leaves_per_sample, tree_leaves
 from omnialign.metrics import read_metrics
 
 DROP, AFTER, GOLD = 0.15, 50, 0.9
+LEAVES = {"tempflow": leaves_per_sample, "branchgrpo": tree_leaves}  # images a sample's rollout decodes, if not 1
 STEP_PHASES = ("rollout", "reward_wait", "advantage", "old_log_probs", "update")
 
 
@@ -56,10 +58,11 @@ def summarise(out: Path) -> dict[str, dict]:
     for recipe, seeds in sorted(runs.items()):
         entry = defaultdict(list)
         for seed, run in sorted(seeds.items()):
-            config = json.loads((run / "config.json").read_text())
+            config = from_dict(json.loads((run / "config.json").read_text()))
             records = read_metrics(run / "metrics.jsonl")
             val = [r for r in records if "val/gold/accuracy" in r]
-            images = config["data"]["prompts_per_step"] * config["rollout"]["n"]
+            leaves = LEAVES.get(config.algorithm.name, lambda rollout: 1)(config.rollout)
+            images = config.data.prompts_per_step * config.rollout.n * leaves
             step, count, seconds = to_gold(records, images)
             entry["seeds"].append(seed)
             entry["steps"].append(val[-1]["step"])
