@@ -10,6 +10,15 @@ validation reward and gold accuracy of every recipe (median over seeds, band fro
 if its validation reward falls more than 0.15 below its running maximum after step 50. Seconds count the training
 phases of each step (rollout to update; validation and saving left out) as measured with the sweep's runs sharing
 the card. `--into FILE` merges the recipes of this sweep into FILE (the other recipes there stay). Prints a table.
+
+Seconds measured with many runs sharing a card depend on what shares it, so the wall-clock comparison takes each
+recipe's step time from runs made one at a time (`JOBS=1 benchmarks/glyphs_seeds.sh ALONE 20 1`):
+
+    python benchmarks/glyphs_seeds.py [OUT] --alone ALONE [--into benchmarks/glyphs/seeds.json]
+
+adds "step_seconds_alone" (the median step of the run alone, its first two steps left out) and
+"gpu_seconds_to_gold_0.9" (steps to gold 0.9 x that) to each recipe of OUT's sweep, or without OUT to those
+already in the --into file.
 """
 
 import argparse
@@ -86,6 +95,25 @@ def summarise(out: Path) -> dict[str, dict]:
     return table
 
 
+def step_seconds(alone: Path) -> dict[str, float]:
+    """Each recipe's median step seconds (STEP_PHASES) in the runs under `alone`, its first two steps left out."""
+    times = {}
+    for path in sorted(alone.glob("runs/*_s*/metrics.jsonl")):
+        steps = [r for r in read_metrics(path) if "timing/update" in r][2:]
+        times[path.parent.name.rsplit("_s", 1)[0]] = statistics.median(
+            sum(r.get(f"timing/{p}", 0.0) for p in STEP_PHASES) for r in steps
+        )
+    return times
+
+
+def add_step_times(table: dict[str, dict], times: dict[str, float]) -> None:
+    for recipe in table.keys() & times.keys():
+        entry, seconds = table[recipe], times[recipe]
+        entry["step_seconds_alone"] = round(seconds, 4)
+        entry["gpu_seconds_to_gold_0.9"] = [None if s is None else round(s * seconds, 1)
+                                            for s in entry["steps_to_gold_0.9"]]  # fmt: skip
+
+
 def spread(values: list[float | None]) -> str:
     """median [min, max] of the numbers (a count of the missing ones after them)."""
     numbers = [v for v in values if v is not None]
@@ -120,25 +148,35 @@ def plot(out: Path, table: dict[str, dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
+    parser.add_argument("out", type=Path, nargs="?", help="a sweep's folder (glyphs_seeds.sh OUT)")
     parser.add_argument("--into", type=Path, help="merge this sweep's recipes into this seeds.json")
+    parser.add_argument("--alone", type=Path, help="a sweep run one recipe at a time, for the step seconds")
     args = parser.parse_args()
-    table = summarise(args.out)
-    (args.out / "seeds.json").write_text(json.dumps(table, indent=1))
-    plot(args.out, table)
+    merged = json.loads(args.into.read_text()) if args.into and args.into.exists() else {}
+    if args.out:
+        table = summarise(args.out)
+        if args.alone:
+            add_step_times(table, step_seconds(args.alone))
+        (args.out / "seeds.json").write_text(json.dumps(table, indent=1))
+        plot(args.out, table)
+    elif args.alone and args.into:
+        table = {k: v for k, v in merged.items() if isinstance(v, dict)}
+        add_step_times(table, step_seconds(args.alone))
+    else:
+        parser.error("give a sweep's folder OUT, or --alone with --into")
     if args.into:
-        merged = json.loads(args.into.read_text()) if args.into.exists() else {}
         args.into.write_text(json.dumps({**merged, **table}, indent=1))
     print(
         "| recipe | seeds | gold base | gold final | reward final | not a digit | diversity | collapsed | "
-        "steps to gold 0.9 |"
+        "steps to gold 0.9 | step s alone | GPU s to gold 0.9 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for recipe, e in table.items():
         print(f"| {recipe} | {len(e['seeds'])} | {e['gold_base']:.3f} | {spread(e['gold_final'])} | "
               f"{spread(e['reward_final'])} | {spread(e['not_a_digit_final'])} | "
               f"{spread(e.get('diversity_final', [None]))} | {e['collapsed']} | "
-              f"{spread(e['steps_to_gold_0.9'])} |")  # fmt: skip
+              f"{spread(e['steps_to_gold_0.9'])} | {e.get('step_seconds_alone', '')} | "
+              f"{spread(e.get('gpu_seconds_to_gold_0.9', [None]))} |")  # fmt: skip
 
 
 if __name__ == "__main__":
