@@ -25,12 +25,15 @@ def clip(digits: str) -> torch.Tensor:
 
 
 def test_rewards_read_the_prompted_digit_on_every_frame():
-    videos = torch.stack([clip("3333"), clip("3553"), clip("----")])
-    prompts, meta = ["3"] * 3, [{}] * 3
+    videos = torch.stack([clip("3333"), clip("3553"), clip("----"), clip("7777")])
+    prompts, meta = ["3"] * 4, [{}] * 4
     gold = glyph_video_gold(videos, prompts, meta)
-    assert list(gold) == [1.0, 0.5, 0.0]
-    assert [i["reads"] for i in gold.info] == ["3333", "3553", "----"]
-    assert [i["clip"] for i in gold.info] == [1.0, 0.0, 0.0] and [i["not_a_digit"] for i in gold.info] == [0, 0, 1]
+    assert list(gold) == [1.0, 0.5, 0.0, 0.0]
+    assert [i["reads"] for i in gold.info] == ["3333", "3553", "----", "7777"]
+    assert [i["clip"] for i in gold.info] == [1.0, 0.0, 0.0, 0.0]
+    assert [i["not_a_digit"] for i in gold.info] == [0, 0, 1, 0]
+    assert [i["steady"] for i in gold.info] == [1.0, 0.0, 0.0, 1.0]  # one digit throughout, right or wrong
+    videos, prompts, meta = videos[:3], prompts[:3], meta[:3]
     reward = glyph_video(videos, prompts, meta)
     frames = torch.tensor([i["frames"] for i in reward.info])
     torch.testing.assert_close(torch.tensor(list(reward)), frames.mean(1), rtol=1e-6, atol=1e-7)

@@ -13,7 +13,8 @@ first version, trained 4000 steps on counts, read right on 8% of frames, chance 
 
 Reward `glyph_video`: the mean over frames of the recognizer's probability of the prompt's digit. Gold judge
 `glyph_video_gold` (validation only): the share of frames the gold network reads as the prompt's digit; info
-`not_a_digit` (share of frames that are no digit), `clip` (1.0 when every frame is right) and `reads`.
+`not_a_digit` (share of frames that are no digit), `clip` (1.0 when every frame is right), `steady` (1.0 when
+every frame shows one and the same digit, whichever: the temporal check, `val/gold/steady`) and `reads`.
 """
 
 from pathlib import Path
@@ -101,14 +102,16 @@ def glyph_video_gold(
     videos: torch.Tensor, prompts: list[str], metadata: list[dict], path: str | None = None
 ) -> list[float]:
     """`Scores`: the share of frames the gold judge reads as the prompt's digit. info: `reads` (one character per frame,
-    "-" for no digit), `not_a_digit` (share of frames) and `clip` (1.0 when every frame is read right)."""
+    "-" for no digit), `not_a_digit` (share of frames), `clip` (1.0 when every frame is read right) and `steady` (1.0
+    when every frame is read as one and the same digit, right or not: a clip that flickers between digits is 0)."""
     from omnialign.rewards.base import Scores
 
     frames, digits = _frames(videos, prompts, "glyph_video_gold")
     gold = glyph_gold(frames, digits, None, path)
     f = videos.shape[1]
     right = torch.tensor(list(gold)).view(len(prompts), f)
-    info = [{"reads": "".join(i["reads"] for i in gold.info[k * f : (k + 1) * f]),
-             "not_a_digit": sum(i["not_a_digit"] for i in gold.info[k * f : (k + 1) * f]) / f,
-             "clip": float(right[k].all())} for k in range(len(prompts))]  # fmt: skip
+    reads = ["".join(i["reads"] for i in gold.info[k * f : (k + 1) * f]) for k in range(len(prompts))]
+    info = [{"reads": reads[k], "not_a_digit": sum(i["not_a_digit"] for i in gold.info[k * f : (k + 1) * f]) / f,
+             "clip": float(right[k].all()), "steady": float(len(set(reads[k])) == 1 and reads[k][0] in CHARSET)}
+            for k in range(len(prompts))]  # fmt: skip
     return Scores(right.mean(1).tolist(), info)
