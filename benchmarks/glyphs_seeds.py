@@ -5,7 +5,8 @@ whether it collapsed, and how long it took to reach gold 0.9.
 
 reads OUT/runs/RECIPE_sSEED/metrics.jsonl and writes OUT/seeds.json, {recipe: {"seeds", "steps", "gold_base",
 "gold_final", "reward_final", "not_a_digit_final", "diversity_final", "collapsed", "max_drop", "steps_to_gold_0.9",
-"images_to_gold_0.9", "seconds_to_gold_0.9", "date", "device"}} (lists in seed order), and OUT/seeds.png, the
+"images_to_gold_0.9", "seconds_to_gold_0.9", "date", "device"}, and for video recipes "gold_clip_final" and
+"gold_steady_final"} (lists in seed order), and OUT/seeds.png, the
 validation reward and gold accuracy of every recipe (median over seeds, band from min to max). A run has collapsed
 if its validation reward falls more than 0.15 below its running maximum after step 50. Seconds count the training
 phases of each step (rollout to update; validation and saving left out) as measured with the sweep's runs sharing
@@ -80,6 +81,9 @@ def summarise(out: Path) -> dict[str, dict]:
             entry["reward_final"].append(val[-1]["val/reward/mean"])
             entry["not_a_digit_final"].append(val[-1]["val/gold/not_a_digit"])
             entry["diversity_final"].append(val[-1].get("val/diversity"))
+            for key in ("clip", "steady"):  # the video task's whole-clip gold and temporal check
+                if f"val/gold/{key}" in val[-1]:
+                    entry[f"gold_{key}_final"].append(val[-1][f"val/gold/{key}"])
             entry["max_drop"].append(round(max_drop(records), 4))
             entry["steps_to_gold_0.9"].append(step)
             entry["images_to_gold_0.9"].append(count)
