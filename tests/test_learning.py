@@ -21,8 +21,14 @@ ONLINE_DPO_AT_60 = pytest.mark.xfail(strict=True, reason=(
     "fix): many clean bold 0s, 1s and 9s that the gold judge calls no digit, and real glitches among the 4s (drawn as "
     "6s, 8s or blobs). Over five seeds x 300 GPU steps it ends at gold 0.925-1.000, not a digit 0-0.0625 "
     "(BENCHMARKS.md, Learning on every seed)"))  # fmt: skip
+AWM_NARROWS = pytest.mark.xfail(strict=True, reason=(
+    "AWM raises gold and reward fast (reward 0.357 -> 0.994 in 60 CPU steps) but narrows its samples: diversity "
+    "0.260 -> 0.176 (2026-12-02), under three quarters of the base's, and as much with a 5x stronger reference KL; "
+    "over five seeds x 300 GPU steps it ends at 0.085, one bold style per digit (BENCHMARKS.md, AWM, DGPO and GARDO "
+    "on five seeds)"))  # fmt: skip
 GLYPHS_RECIPES = ["glyphs", "glyphs_cps", "glyphs_dance", "glyphs_mixgrpo", "glyphs_grpo_guard", "glyphs_dppo",
-                  "glyphs_nft", "glyphs_dgpo", "glyphs_gardo", "glyphs_tempflow", "glyphs_branch",
+                  "glyphs_nft", pytest.param("glyphs_awm", marks=AWM_NARROWS), "glyphs_dgpo", "glyphs_gardo",
+                  "glyphs_tempflow", "glyphs_branch",
                   pytest.param("glyphs_online_dpo", marks=ONLINE_DPO_AT_60), "glyphs_distill"]  # fmt: skip
 # DanceGRPO still draws a few glitchy digit hybrids at step 60 (not a digit 0.050 -> 0.062 of the 320 images on
 # the CPU, likewise on an H200 at lr 1e-4 and 2e-4); by step 120 it is under the base's (BENCHMARKS.md).
