@@ -75,7 +75,7 @@ def test_two_processes_match_one_and_resume_in_one(tmp_path):
 
 def test_default_recipe_runs_on_two_processes_without_overrides(tmp_path):
     """The default glyphs recipe as shipped (batch, mini- and micro-batch sizes untouched) on two devices."""
-    torchrun(2, "trainer.total_steps=1", f"trainer.output_dir={tmp_path}", recipe="glyphs")
+    torchrun(2, "trainer.total_steps=1", f"trainer.output_dir={tmp_path}", "data.val_seeds=1", recipe="glyphs")
     records = read_metrics(tmp_path / "glyphs" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1]
     assert records[1]["actor/skipped_updates"] == 0 and 0 <= records[1]["val/reward/mean"] <= 1

@@ -146,7 +146,7 @@ def test_prepare_glyphs_stages_write_loadable_models(tmp_path):
     """A few steps of each model stage (the full run is documented in pretrain.py): everything loads back."""
     stages = ["gold", "recognizer", "teacher", "base"]
     config = PretrainConfig(out=str(tmp_path), device="cpu", gold_steps=2, recognizer_steps=2, clean_steps=2,
-                            noisy_steps=2, eval_every=2, eval_count=200, stages=stages)  # fmt: skip
+                            noisy_steps=2, noisy_batch=16, eval_every=2, eval_count=50, stages=stages)  # fmt: skip
     report = prepare_glyphs(config)
     assert set(report["seconds"]) >= {"gold (cpu)", "recognizer (cpu)", "teacher (cpu)", "base (cpu)", "total"}
     assert report["base"][-1]["step"] == 2 and 0 <= report["base"][-1]["not_a_digit"] <= 1

@@ -214,14 +214,13 @@ def test_a_bad_request_in_a_batch_fails_alone_with_422():
 TOKEN = "hostile-tests"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(url, pid) of a served `hang_if_asked` whose token is in a file and whose timeouts are 1 s."""
+def serve(tmp_path_factory, timeout: int):
+    """(url, pid) of a served `hang_if_asked` whose token is in a file and whose timeouts are `timeout` seconds."""
     token_file = tmp_path_factory.mktemp("token") / "token"
     token_file.write_text(TOKEN + "\n")
     command = [sys.executable, "-m", "omnialign", "serve-reward", f"{FNS}:hang_if_asked", "--port", "0",
-               "--token-file", str(token_file), "--max-queue", "1000", "--reward-timeout", "1",
-               "--header-timeout", "1", "--body-timeout", "1"]  # fmt: skip
+               "--token-file", str(token_file), "--max-queue", "1000", "--reward-timeout", str(timeout),
+               "--header-timeout", str(timeout), "--body-timeout", str(timeout)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
@@ -230,6 +229,19 @@ def served(tmp_path_factory):
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The server with 1 s timeouts."""
+    yield from serve(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="module")
+def served_patiently(tmp_path_factory):
+    """The server with 30 s timeouts, for a test that is not about them: on a busy machine a connection's first
+    bytes can reach the server more than 1 s after it was accepted, and the header timeout would close it."""
+    yield from serve(tmp_path_factory, 30)
 
 
 def test_serve_reward_refuses_an_empty_token_file_and_a_zero_timeout(tmp_path):
@@ -308,8 +320,8 @@ def test_slow_clients_are_dropped(served):
     assert RemoteReward(url, token=TOKEN, retries=0)(["abc"], ["q"], [{}]) == [3.0]
 
 
-def test_300_simultaneous_connections_are_all_answered(served):
-    url, _ = served
+def test_300_simultaneous_connections_are_all_answered(served_patiently):
+    url, _ = served_patiently
     host, port = url.removeprefix("http://").split(":")
 
     async def one(i: int) -> tuple[bytes, bytes]:
