@@ -46,19 +46,22 @@ class ModelConfig:
     text_tokens: int | None = None
     """Text length prompt conditions are padded (and truncated) to; None keeps the pipeline's default
     (Qwen-Image 512, SD3's T5 256). Shorter is cheaper and exact while prompts fit (FLUX's T5 512, at most 512:
-    FLUX attends to its padding, so a length is the pipelines' `max_sequence_length`, not a free choice)."""
+    FLUX attends to its padding, so a length is the pipelines' `max_sequence_length`, not a free choice; FLUX.2's
+    chat-formatted prompts likewise, 512 by default)."""
     embedded_guidance: float | None = None
-    """Guidance-distilled models (FLUX.1-dev, FLUX.1-Kontext): the guidance value the transformer embeds, in place
-    of true CFG (the pipelines' `guidance_scale`), at rollout and in training; None takes the default (FLUX.1-dev
-    3.5, FLUX.1-Kontext 2.5 as its model card). True CFG (rollout.guidance) stays off for them."""
+    """Guidance-distilled models (FLUX.1-dev, FLUX.1-Kontext, FLUX.2-dev): the guidance value the transformer embeds,
+    in place of true CFG (the pipelines' `guidance_scale`), at rollout and in training; None takes the default
+    (FLUX.1-dev 3.5, FLUX.1-Kontext 2.5 as its model card, FLUX.2-dev 4.0). True CFG (rollout.guidance) stays off for
+    them."""
     source_resize: bool = True
     """Editing models: resize each source image as the pipeline does by default (FLUX.1-Kontext: to its preferred
     resolution of about 1 MP nearest the source's aspect ratio; Qwen-Image-Edit: to about 1024x1024 at the source's
     aspect ratio, sides multiples of 32); false keeps the source's own size, floored to the model's multiple
     (FluxKontextPipeline's `_auto_resize=False`): cheaper with sources stored small."""
     frames: int = 81
-    """Video models (Wan): frames per video, the pipeline's `num_frames`; (frames - 1) must be divisible by the
-    VAE's temporal factor (4 for the released Wan VAEs): 81 is Wan's default, 5 or 9 keep tests cheap."""
+    """Video models (Wan, LTX-2): frames per video, the pipeline's `num_frames`; (frames - 1) must be divisible by the
+    VAE's temporal factor (4 for the released Wan VAEs, 8 for LTX-2's): 81 is Wan's default, 121 LTX-2's, 5 or 9 keep
+    tests cheap."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter of the trained network (rank 0: full fine-tuning)."""
 
@@ -412,7 +415,7 @@ ALGORITHMS = DIFFUSION_ALGORITHMS + LANGUAGE_ALGORITHMS
 WINDOW_ALGORITHMS = ("flowgrpo", "grpo_guard", "dppo", "gardo", "distill")
 LOGGERS = ("tensorboard", "wandb", "trackio", "swanlab", "mlflow")
 """trainer.loggers choices; each is also the name of its Python module and of its package's extra."""
-VIDEO_ARCHS = ("wan", "glyphs_video")  # the architectures that read model.frames
+VIDEO_ARCHS = ("wan", "glyphs_video", "ltx2")  # the architectures that read model.frames
 
 
 def flat_fields(cls: type = Config, prefix: str = "") -> dict[str, typing.Any]:
@@ -632,6 +635,10 @@ def validate(config: Config) -> Config:
         (config.engine.sequence_parallel == 1 or config.algorithm.name not in (*LANGUAGE_ALGORITHMS, "diffusion_dpo"),
          f"engine.sequence_parallel={config.engine.sequence_parallel}: only the online diffusion trainer splits "
          f"sequences, not algorithm.name={config.algorithm.name}; set engine.sequence_parallel=1"),
+        (config.engine.sequence_parallel == 1 or config.model.arch != "ltx2",
+         f"engine.sequence_parallel={config.engine.sequence_parallel}: diffusers' context-parallel plan of LTX-2's "
+         "transformer splits the video and text tokens, not the audio tokens its attentions also read; LTX-2 runs "
+         "unsplit: set engine.sequence_parallel=1"),
         (not (a.timestep_staging and config.engine.cpu_offload),
          "actor.timestep_staging=true with engine.cpu_offload=true: staging copies to the device that offload "
          "avoids; turn one off"),

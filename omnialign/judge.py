@@ -59,7 +59,14 @@ from omnialign.worlds.glyphs import PROMPT_SETS
 STAGES = ("reference", "trained", "judge")
 MODALITIES = ("text", "image", "audio", "video", "mixed")
 LANGUAGE_ARCHS = ("qwen3", "qwen3_omni")
-PIPELINES = {"StableDiffusion3Pipeline": "sd3", "QwenImagePipeline": "qwen_image", "FluxPipeline": "flux"}
+PIPELINES = {
+    "StableDiffusion3Pipeline": "sd3",
+    "QwenImagePipeline": "qwen_image",
+    "FluxPipeline": "flux",
+    "Flux2Pipeline": "flux2",
+    "Flux2KleinPipeline": "flux2_klein",
+    "ZImagePipeline": "zimage",
+}
 OMNI_TYPES = ("qwen3_omni_moe", "qwen3_omni_moe_thinker")  # any other transformers causal LM loads as qwen3
 VIDEO_FRAMES = 8  # frames of a video shown to the judge
 MAX_TOKENS = 2048  # of a judge reply

@@ -136,6 +136,72 @@ def test_flux_flowgrpo_lora_at_full_size(recipe, tmp_path):
     assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
 
 
+@pytest.mark.parametrize("recipe", ["flux2_ocr_flowgrpo_lora", "flux2_klein_ocr_flowgrpo_lora"])
+def test_flux2_recipe_two_steps_on_the_tiny_twin(recipe, tmp_path):
+    """FLUX.2-dev and FLUX.2-klein recipes (regional compile on) on their tiny twins on the GPU: two steps, the
+    rollout's log-probs given back by the replay; the prompt embeddings live on the GPU with the step."""
+    extra = ["algorithm.old_log_probs=recompute"]
+    with recipe_trainer(recipe, 2, True, tmp_path, extra) as trainer:
+        for step in (1, 2):
+            metrics = trainer.train_step(step)
+            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
+            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        assert trainer.policy.encode_prompts(["a"])["embeds"].is_cuda
+
+
+@pytest.mark.parametrize("recipe, path, blocks", [
+    ("flux2_ocr_flowgrpo_lora", "models/FLUX.2-dev", (8, 48, 6144)),
+    ("flux2_klein_ocr_flowgrpo_lora", "models/FLUX.2-klein-4B", (5, 20, 3072)),
+    ("flux2_klein_ocr_flowgrpo_lora", "models/FLUX.2-klein-9B", (8, 24, 4096)),
+])  # fmt: skip
+def test_flux2_flowgrpo_lora_at_full_size(recipe, path, blocks, tmp_path):
+    """FLUX.2-dev (32.2 B transformer with the guidance embedding; Mistral Small 3.1's text stack up to the 30th of its
+    40 layers, 17.9 B, on the GPU beside it) at 512x512 with 512 text tokens, and FLUX.2-klein 4B and 9B (3.9 B and
+    9.1 B; Qwen3-4B's and Qwen3-8B's first 27 layers) at 384x384: rollout, replay, update (micro-batches of 4)."""
+    extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute", f"model.path={path}"]
+    with recipe_trainer(recipe, 1, False, tmp_path, extra) as trainer:
+        config = trainer.policy.transformer.config
+        assert (config.num_layers, config.num_single_layers, config.num_attention_heads * 128) == blocks
+        before = snapshot(trainer.policy.transformer)
+        metrics = trainer.train_step(1)
+    assert_stepped(trainer.policy.transformer, before, metrics)
+    assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+
+
+def test_zimage_recipe_two_steps_on_the_tiny_twin(tmp_path):
+    """Z-Image's base recipe (CFG, an SDE window) on its tiny twin on the GPU: two steps, the rollout's log-probs given
+    back by the replay; the captions live on the GPU with the step, and a batch of captions of different lengths (the
+    transformer pads them to the longest, masked) gives each sample's velocity as it gets alone."""
+    extra = ["algorithm.old_log_probs=recompute"]
+    with recipe_trainer("zimage_ocr_flowgrpo_lora", 2, True, tmp_path, extra) as trainer:
+        for step in (1, 2):
+            metrics = trainer.train_step(step)
+            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
+            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        policy = trainer.policy
+        cond = policy.encode_prompts(["a", 'a sign that says "OPEN" in the rain, at night, in neon letters'])
+        assert cond["embeds"].is_cuda and cond["mask"].is_cuda and cond["mask"].sum(1).unique().numel() == 2
+        x = torch.randn(2, *policy.latent_shape(32, 32), device=cond["embeds"].device)
+        sigma = torch.tensor([0.7, 0.3], device=cond["embeds"].device)
+        with torch.no_grad():
+            both = policy.velocity(x, sigma, cond)
+            alone = torch.cat([policy.velocity(x[i : i + 1], sigma[i : i + 1], cond[i : i + 1]) for i in range(2)])
+        torch.testing.assert_close(both, alone, rtol=1e-4, atol=1e-5)
+
+
+def test_zimage_flowgrpo_lora_at_full_size(tmp_path):
+    """Z-Image (6.15 B transformer: 30 single-stream layers of 3840 and 2 noise and 2 context refiners; Qwen3-4B;
+    FLUX.1's VAE) at 512x512 with CFG 4 (rollout.guidance 5): rollout, replay, update."""
+    extra = ["rollout.n=4", "engine.compile=false", "algorithm.old_log_probs=recompute"]
+    with recipe_trainer("zimage_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
+        config = trainer.policy.transformer.config
+        assert (config.n_layers, config.n_refiner_layers, config.dim, config.n_heads) == (30, 2, 3840, 30)
+        before = snapshot(trainer.policy.transformer)
+        metrics = trainer.train_step(1)
+    assert_stepped(trainer.policy.transformer, before, metrics)
+    assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+
+
 def test_wan21_1_3b_flowgrpo_lora_at_full_size(tmp_path):
     """Wan 2.1 T2V 1.3B (1.42 B transformer: 30 blocks of 1536, ffn 8960; UMT5-XXL, the Wan VAE) at 832x480 with 33
     frames (9 latent frames, 14040 tokens a video): two steps of rollout with true CFG 5, replay, update; every
@@ -151,6 +217,41 @@ def test_wan21_1_3b_flowgrpo_lora_at_full_size(tmp_path):
             metrics = trainer.train_step(step)
             assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
     assert_stepped(trainer.policy.transformer, before, metrics)
+
+
+def test_ltx2_recipe_two_steps_on_the_tiny_twin(tmp_path):
+    """LTX-2's base recipe (CPS window, the audio riding in the latents) on its tiny twin on the GPU: two steps, the
+    rollout's log-probs given back by the replay; the text conditions and decoded videos live on the GPU."""
+    extra = ["algorithm.old_log_probs=recompute"]
+    with recipe_trainer("ltx2_t2v_ocr_flowgrpo_lora", 2, True, tmp_path, extra) as trainer:
+        for step in (1, 2):
+            metrics = trainer.train_step(step)
+            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
+            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        policy = trainer.policy
+        cond = policy.encode_prompts(["a", 'a sign that says "OPEN"'])
+        assert cond["video"].is_cuda and cond["audio"].is_cuda and cond["mask"].is_cuda
+        x = torch.randn(2, *policy.latent_shape(64, 64), device=cond["video"].device)
+        with torch.no_grad():
+            v = policy.velocity(x, torch.tensor([0.7, 0.3], device=x.device), cond)
+            video = policy.decode(x)
+        assert v.shape == x.shape and video.is_cuda and video.shape == (2, 9, 3, 64, 64)
+
+
+def test_ltx2_flowgrpo_lora_at_full_size(tmp_path):
+    """LTX-2 (18.9 B audio-video transformer: 48 blocks, video 4096 and audio 2048 wide; its text connectors, video VAE
+    and Gemma-3-12B on the GPU beside it, about 67 GB) at 768x512 with 25 frames (4 latent frames of 16x24: 1536 video
+    tokens, 26 audio tokens) and the pipeline's 1024 text tokens: rollout, replay, update of the LoRA on the video
+    stream; every frame scored."""
+    extra = ["rollout.n=4", "model.frames=25", "engine.compile=false", "algorithm.old_log_probs=recompute"]
+    with recipe_trainer("ltx2_t2v_ocr_flowgrpo_lora", 1, False, tmp_path, extra) as trainer:
+        policy, config = trainer.policy, trainer.policy.transformer.config
+        assert (config.num_layers, config.num_attention_heads * config.attention_head_dim) == (48, 4096)
+        assert policy.latent_shape(512, 768) == (4 * 16 * 24 + 26, 128)
+        before = snapshot(policy.transformer)
+        metrics = trainer.train_step(1)
+    assert_stepped(trainer.policy.transformer, before, metrics)
+    assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
 
 
 SD35 = {  # the released transformer configs

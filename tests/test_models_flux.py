@@ -243,7 +243,7 @@ def test_bad_inputs_fail_clearly(policy, tmp_path):
 
 # --------------------------------------------------------------------------- recipes
 
-RECIPE_NAMES = [name for name in RECIPES if name.startswith("flux")]
+RECIPE_NAMES = [name for name in RECIPES if name.startswith("flux_")]  # FLUX.1 and Kontext; flux2_*: FLUX.2
 EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dppo": "actor/masked",
             "nft": "actor/nft/positive", "online_dpo": "actor/dpo/accuracy", "awm": "actor/clip_frac",
             "gardo": "gardo/gated", "tempflow": "actor/clip_frac", "branchgrpo": "actor/clip_frac"}  # fmt: skip

@@ -21,6 +21,21 @@ experts), the UMT5-XXL encoder and the Wan 2.1 VAE, random bf16 weights, at the 
 `--set model.frames=33`); the stand-in reward scores every frame (`reward.per_frame`) and a row counts videos
 (`videos_per_gpu_s`). MFU counts the video tokens (latent frames x H/16 x W/16: 32760 at 832x480x81) in
 self-attention and the MLP and the 512 text tokens in cross-attention (`wan_flops`).
+Z-Image recipes (`model.arch=zimage`, `full_zimage`) run on Z-Image or Z-Image-Turbo (by `model.path`'s folder name)
+at the released sizes (transformer 6.15 B: 30 single-stream layers of 3840 and 2 noise and 2 context refiners;
+Qwen3-4B; FLUX.1's VAE; random bf16 weights); MFU counts the image tokens and the prompts' own caption tokens (Z-Image
+drops the padding), each padded to a multiple of 32 as its transformer pads them, the refiners over their own tokens.
+FLUX.2 recipes (`model.arch` flux2 or flux2_klein, `full_flux2`) run on FLUX.2-dev (transformer 32.2 B: 8 double- and 48
+single-stream blocks of 6144 with the guidance embedding; Mistral Small 3.1's text stack up to the 30th of its 40
+layers, the last the pipeline reads: 17.9 B) or the FLUX.2-klein named by `model.path`'s folder (4B: 3.9 B transformer,
+5 + 20 blocks of 3072, Qwen3-4B's first 27 layers; 9B: 9.1 B, 8 + 24 blocks of 4096, Qwen3-8B's), with the FLUX.2 VAE,
+random bf16 weights; MFU counts every block at (4 + 3 x 3) d^2 weights per token (the SwiGLU MLP of ratio 3) over the
+image and the recipes' 512 text tokens (`flux2_flops`).
+LTX-2 recipes (`model.arch=ltx2`, `full_ltx2`) run on LTX-2 at its released sizes (the 18.9 B audio-video transformer:
+48 blocks, video 4096 wide and audio 2048; its text connectors, video VAE and Gemma-3-12B; random bf16 weights) at the
+recipe's frames and size (`--set model.frames=25`); every frame is scored and a row counts videos. MFU counts both
+streams of every block (`ltx2_flops`): the video tokens (latent frames x H/32 x W/32: 6144 at 768x512x121), the audio
+tokens (25 a second: 126) and the 1024 text tokens the connectors give.
 `recipe --deterministic both` runs the steps again under trainer.deterministic's kernels on the same model: its
 cost side by side (`--set trainer.deterministic=true` runs every step with them).
 """
@@ -34,14 +49,21 @@ from pathlib import Path
 import torch
 
 from omnialign.bench.models import (
+    flux2_flops,
     flux_layers_and_tokens,
     full_flux,
+    full_flux2,
+    full_ltx2,
     full_qwen_image,
     full_wan,
+    full_zimage,
+    ltx2_flops,
     qwen_image_edit_tokens,
     transformer_flops,
     wan_flops,
     wan_tokens,
+    zimage_flops,
+    zimage_tokens,
 )
 from omnialign.engine import dist
 
@@ -76,7 +98,6 @@ def write_bench_prompts(path: Path, edits: bool, height: int, width: int) -> Non
 def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: list[str] = ()) -> Iterator:
     """The `OnlineTrainer` of a Qwen-Image, FLUX or Wan recipe with `prompts` prompts per GPU on the full-size random
     pipeline (or the tiny one), its reward worker running; see the module docstring."""
-    import dataclasses
 
     from omnialign import rewards
     from omnialign.config import apply_overrides, validate
@@ -90,11 +111,12 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
 
     world = dist.init()
     base = RECIPES[recipe]()
-    video = base.model.arch == "wan"
+    video = base.model.arch in ("wan", "ltx2")
     overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
                  f"data.prompts_per_step={prompts * world.size}",
                  'reward.weights={"jpeg_compressibility": 1.0}', f"model.text_tokens={base.model.text_tokens or 128}",
-                 "trainer.progress=false", f"trainer.output_dir={work}"]  # fmt: skip
+                 "trainer.progress=false", f"trainer.output_dir={work}",
+                 "actor.mini_batch_size=none"]  # fmt: skip
     if video:  # the stand-in scores every frame
         overrides.append('reward.per_frame={"jpeg_compressibility": "mean"}')
     if tiny:
@@ -102,8 +124,9 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
                       "rollout.micro_batch_size=4", "actor.micro_batch_size=2",
                       "engine.activation_checkpointing=false"]  # fmt: skip
         overrides += ["model.frames=5"] if video else []
+        if base.model.arch == "ltx2":  # frames 8k + 1; its VAE decodes 2 x 2 latent pixels at least
+            overrides += ["model.frames=9", "rollout.height=64", "rollout.width=64"]
     config = validate(apply_overrides(base, overrides + list(extra)))
-    config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
     arch = config.model.arch
     if world.is_main:
         work.mkdir(parents=True, exist_ok=True)
@@ -112,15 +135,22 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
         if tiny:
             {"qwen_image": tiny_models.qwen_image, "flux": tiny_models.flux, "flux_kontext": tiny_models.flux_kontext,
              "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True),
-             "wan": tiny_models.wan}[arch](work / "tiny")  # fmt: skip
+             "wan": tiny_models.wan, "zimage": tiny_models.zimage, "flux2": tiny_models.flux2,
+             "flux2_klein": tiny_models.flux2_klein, "ltx2": tiny_models.ltx2}[arch](work / "tiny")  # fmt: skip
     torch.distributed.barrier()
     if tiny:
         config.model.path = str(work / "tiny")
         policy = LOADERS[arch](config.model)
     elif arch in ("flux", "flux_kontext"):
         policy = full_flux(world.device, config.model.text_tokens, config.model)
+    elif arch in ("flux2", "flux2_klein"):
+        policy = full_flux2(world.device, config.model.text_tokens, config.model)
     elif arch == "wan":
         policy = full_wan(world.device, config.model)
+    elif arch == "zimage":
+        policy = full_zimage(world.device, config.model.text_tokens, config.model)
+    elif arch == "ltx2":
+        policy = full_ltx2(world.device, config.model)
     else:
         policy = full_qwen_image(world.device, config.model.text_tokens, arch == "qwen_image_edit",
                                  config.model.source_resize)  # fmt: skip
@@ -175,6 +205,15 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     if config.model.arch == "wan":
         forward = wan_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim, tc.ffn_dim,
                             wan_tokens(policy, r.height, r.width), text_tokens)  # fmt: skip
+    elif config.model.arch == "zimage":  # its captions are the prompts' own tokens, padded to a multiple of 32
+        forward = zimage_flops(policy, *zimage_tokens(policy, r.height, r.width, OCR_PROMPTS))
+    elif config.model.arch in ("flux2", "flux2_klein"):
+        forward = flux2_flops(policy, r.height, r.width, text_tokens)
+    elif config.model.arch == "ltx2":
+        f, h, w = policy.video_grid(r.height, r.width)
+        forward = ltx2_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim,
+                             tc.audio_num_attention_heads * tc.audio_attention_head_dim, f * h * w, policy.audio_tokens,
+                             text_tokens)  # fmt: skip
     else:
         grid = policy.latent_shape(r.height, r.width)
         layers, image_tokens = tc.num_layers, grid[0] * grid[1]
@@ -202,7 +241,7 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
         train = r.window_size * cfg * (1 + backward) + (r.window_size * cfg if a.kl_coef > 0 else 0)
         rollout_fwd = r.steps * cfg
     flops = images * forward * (rollout_fwd + train)
-    unit = "video" if config.model.arch == "wan" else "image"
+    unit = "video" if config.model.arch in ("wan", "ltx2") else "image"
     return {
         "recipe": config.recipe, "gpus": world.size, "compile": config.engine.compile, "step": step,
         f"{unit}s": images, "step_s": round(seconds, 1),

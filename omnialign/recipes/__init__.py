@@ -1,6 +1,6 @@
 """Recipes: functions returning a full `Config`. A variant calls its base and edits a few fields."""
 
-from omnialign.recipes import flux, qwen3_omni, qwen_image, sd3, wan
+from omnialign.recipes import flux, flux2, ltx2, qwen3_omni, qwen_image, sd3, wan, zimage
 from omnialign.worlds import choice, glyphs
 
 RECIPES = {
@@ -14,7 +14,10 @@ RECIPES = {
     **qwen_image.EDIT_RECIPES,
     **sd3.RECIPES,
     **flux.RECIPES,
+    **flux2.RECIPES,
     **wan.RECIPES,
+    **zimage.RECIPES,
+    **ltx2.RECIPES,
     **choice.RECIPES,
     "qwen3_omni_grpo": qwen3_omni.qwen3_omni_grpo,
     "qwen3_omni_dapo": qwen3_omni.qwen3_omni_dapo,
