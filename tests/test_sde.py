@@ -141,3 +141,15 @@ def test_forward_noising_and_target():
     xt = sde.add_noise(x0, noise, torch.tensor([0.0, 0.25]))
     torch.testing.assert_close(xt, torch.tensor([[2.0] * 3, [1.25] * 3]))
     torch.testing.assert_close(sde.velocity_target(x0, noise), torch.full((2, 3), -3.0))
+
+
+@pytest.mark.parametrize("terminal", [0.02, 0.1])
+def test_stretch_to_terminal_is_the_schedulers(terminal):
+    """diffusers' FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal on the nonzero sigmas; the final 0 stays."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    sigmas = sde.sigma_schedule(10, mu=0.9)
+    ours = sde.stretch_to_terminal(sigmas, terminal)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift_terminal=terminal)
+    torch.testing.assert_close(ours[:-1], scheduler.stretch_shift_to_terminal(sigmas[:-1]), rtol=0, atol=1e-6)
+    assert ours[0] == 1 and ours[-2].item() == pytest.approx(terminal) and ours[-1] == 0

@@ -38,6 +38,13 @@ def sigma_schedule(
     return torch.cat([sigmas, sigmas.new_zeros(1)]).float()
 
 
+def stretch_to_terminal(sigmas: torch.Tensor, terminal: float) -> torch.Tensor:
+    """A schedule (N+1,) ending in 0 with its nonzero sigmas stretched so that the last is `terminal`, keeping the
+    first at 1: the scheduler's `shift_terminal` (Qwen-Image 0.02, LTX-2 0.1)."""
+    s = sigmas[:-1]
+    return torch.cat([1 - (1 - s) * (1 - terminal) / (1 - s[-1]), sigmas[-1:]])
+
+
 def scheduler_sigma_min(shift: float, num_train_timesteps: int = 1000) -> float:
     """The last of the statically shifted training sigmas of diffusers' FlowMatchEulerDiscreteScheduler,
     shifted(1/T): the end of the linspace its `set_timesteps(N)` spaces (and shifts once more) when a

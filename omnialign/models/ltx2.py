@@ -60,7 +60,7 @@ from torch import nn
 from transformers import AutoTokenizer, Gemma3ForConditionalGeneration, PreTrainedTokenizerBase
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, train_sigmas
+from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, stretch_to_terminal, train_sigmas
 from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default `max_sequence_length`
@@ -198,10 +198,7 @@ class LTX2Policy:
             mu = dynamic_shift_mu(f * h * w, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
                                   config.max_shift)  # fmt: skip
             sigmas = sigma_schedule(num_steps, mu=mu)
-        if config.shift_terminal:  # stretch so that the last nonzero sigma is shift_terminal
-            s = sigmas[:-1]
-            sigmas[:-1] = 1 - (1 - s) * (1 - config.shift_terminal) / (1 - s[-1])
-        return sigmas
+        return stretch_to_terminal(sigmas, config.shift_terminal) if config.shift_terminal else sigmas
 
     def train_sigmas(self) -> torch.Tensor:
         config = self.scheduler.config

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, train_sigmas
+from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, stretch_to_terminal, train_sigmas
 
 PROMPT_TEMPLATE = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
@@ -155,10 +155,7 @@ class QwenImagePolicy:
             sigmas = sigma_schedule(num_steps, mu=mu)
         else:
             sigmas = sigma_schedule(num_steps, shift=self.shift)
-        if config.shift_terminal:  # stretch so that the last nonzero sigma is shift_terminal
-            s = sigmas[:-1]
-            sigmas[:-1] = 1 - (1 - s) * (1 - config.shift_terminal) / (1 - s[-1])
-        return sigmas
+        return stretch_to_terminal(sigmas, config.shift_terminal) if config.shift_terminal else sigmas
 
     def train_sigmas(self) -> torch.Tensor:
         config = self.scheduler.config
