@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from omnialign.batch import Trajectory
+from omnialign.cli import main as cli
 from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.engine.dist import World
@@ -138,22 +139,18 @@ def test_non_finite_update_stops_or_is_skipped_and_counted():
     assert all(torch.equal(a, b) for a, b in zip(before, params))
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "omnialign", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_cli_lists_recipes():
-    out = run_cli("train", "--list")
-    assert out.returncode == 0
-    lines = out.stdout.strip().splitlines()
+def test_cli_lists_recipes(capsys):
+    cli(["train", "--list"])
+    lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == len(RECIPES) and lines[0].startswith("glyphs ") and "FlowGRPO" in lines[0]
 
 
 def test_cli_bad_override_fails_before_anything_loads(tmp_path):
-    out = run_cli("train", "glyphs", "rollout.nn=3", f"trainer.output_dir={tmp_path}")
-    assert out.returncode != 0 and "unknown config key 'rollout.nn'" in out.stderr and "rollout.n: int" in out.stderr
-    out = run_cli("train", "glyphs", "rollout.n=three", f"trainer.output_dir={tmp_path}")
-    assert out.returncode != 0 and "rollout.n='three': expected int" in out.stderr
+    """In this process (`python -m omnialign` runs in the serve-reward and prepare tests' subprocesses)."""
+    with pytest.raises(SystemExit, match=r"unknown config key 'rollout.nn'(.|\n)*rollout.n: int"):
+        cli(["train", "glyphs", "rollout.nn=3", f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match="rollout.n='three': expected int"):
+        cli(["train", "glyphs", "rollout.n=three", f"trainer.output_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())  # no run folder was created
 
 
