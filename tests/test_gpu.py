@@ -51,6 +51,15 @@ def snapshot(net: torch.nn.Module, count: int = 3) -> dict[str, dict[str, torch.
     return out
 
 
+def two_steps(trainer) -> None:
+    """Two training steps of a tiny twin's trainer: finite losses, no skipped update, and the rollout's log-probs
+    given back by the replay (algorithm.old_log_probs=recompute)."""
+    for step in (1, 2):
+        metrics = trainer.train_step(step)
+        assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
+        assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+
+
 def assert_stepped(net: torch.nn.Module, before: dict, metrics: dict[str, torch.Tensor]) -> None:
     """Finite loss, no skipped update, trained parameters moved, frozen ones did not, memory under the card."""
     assert math.isfinite(float(metrics["actor/loss"])), metrics
@@ -113,10 +122,7 @@ def test_flux_recipe_two_steps_on_the_tiny_twin(recipe, tmp_path):
     the rollout's log-probs given back by the replay; Kontext's source latents live on the GPU with the step."""
     extra = ["algorithm.old_log_probs=recompute"]
     with recipe_trainer(recipe, 2, True, tmp_path, extra) as trainer:
-        for step in (1, 2):
-            metrics = trainer.train_step(step)
-            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
-            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        two_steps(trainer)
         cond = trainer.policy.encode_prompts(["a"], [[torch.rand(3, 32, 32)]] if trainer.policy.edits else None)
         assert cond["embeds"].is_cuda and ("source_latents" not in cond or cond["source_latents"].is_cuda)
 
@@ -142,10 +148,7 @@ def test_flux2_recipe_two_steps_on_the_tiny_twin(recipe, tmp_path):
     rollout's log-probs given back by the replay; the prompt embeddings live on the GPU with the step."""
     extra = ["algorithm.old_log_probs=recompute"]
     with recipe_trainer(recipe, 2, True, tmp_path, extra) as trainer:
-        for step in (1, 2):
-            metrics = trainer.train_step(step)
-            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
-            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        two_steps(trainer)
         assert trainer.policy.encode_prompts(["a"])["embeds"].is_cuda
 
 
@@ -174,10 +177,7 @@ def test_zimage_recipe_two_steps_on_the_tiny_twin(tmp_path):
     transformer pads them to the longest, masked) gives each sample's velocity as it gets alone."""
     extra = ["algorithm.old_log_probs=recompute"]
     with recipe_trainer("zimage_ocr_flowgrpo_lora", 2, True, tmp_path, extra) as trainer:
-        for step in (1, 2):
-            metrics = trainer.train_step(step)
-            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
-            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        two_steps(trainer)
         policy = trainer.policy
         cond = policy.encode_prompts(["a", 'a sign that says "OPEN" in the rain, at night, in neon letters'])
         assert cond["embeds"].is_cuda and cond["mask"].is_cuda and cond["mask"].sum(1).unique().numel() == 2
@@ -224,10 +224,7 @@ def test_ltx2_recipe_two_steps_on_the_tiny_twin(tmp_path):
     rollout's log-probs given back by the replay; the text conditions and decoded videos live on the GPU."""
     extra = ["algorithm.old_log_probs=recompute"]
     with recipe_trainer("ltx2_t2v_ocr_flowgrpo_lora", 2, True, tmp_path, extra) as trainer:
-        for step in (1, 2):
-            metrics = trainer.train_step(step)
-            assert math.isfinite(float(metrics["actor/loss"])) and float(metrics["actor/skipped_updates"]) == 0
-            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+        two_steps(trainer)
         policy = trainer.policy
         cond = policy.encode_prompts(["a", 'a sign that says "OPEN"'])
         assert cond["video"].is_cuda and cond["audio"].is_cuda and cond["mask"].is_cuda
