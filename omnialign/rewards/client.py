@@ -69,7 +69,7 @@ def _request(method: str, url: str, data: bytes | None, headers: dict, timeout: 
                                         f"{response.status_code}); an endpoint that ignores max_tokens, or the wrong "
                                         "URL")  # fmt: skip
             if time.monotonic() > deadline:
-                raise _Deadline(f"the reply took longer than the request's {timeout:g} s")
+                raise _Deadline("the reply kept trickling")
         return response, bytes(body)
 
 
@@ -95,7 +95,9 @@ def post_json(
         retry_after = 0.0
         try:
             response, reply = _request("GET" if data is None else "POST", url, data, headers, timeout, max_reply)
-        except httpx2.TransportError as e:  # refused, reset, timed out, cut short
+        except httpx2.TimeoutException as e:  # connecting, one read or the whole reply past `timeout`
+            error = f"{type(e).__name__}: no whole reply within the request's {timeout:g} s"
+        except httpx2.TransportError as e:  # refused, reset, cut short
             cause = e
             while (inner := cause.__cause__ or cause.__context__) is not None:  # down to the socket's own error,
                 cause = inner  # e.g. ConnectionRefusedError
