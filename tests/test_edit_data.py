@@ -160,18 +160,15 @@ def test_bad_files_and_options_fail_before_anything_is_written(tmp_path):
     assert not list(tmp_path.glob("*.parquet"))
 
 
-def test_the_command_in_a_subprocess(tmp_path):
+def test_the_command(tmp_path, capsys):
     files = write_images(tmp_path / "data")
     source = write_input(tmp_path / "data", "csv")
     out = tmp_path / "out" / "edits.parquet"
-    command = [sys.executable, "-m", "omnialign", "prepare", "edit", str(source), str(out), "--size", "5x3"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    main(["prepare", "edit", str(source), str(out), "--size", "5x3"])
     stored = sum(len(b) for row in pq.read_table(out).to_pylist() for b in [*row["sources"], row["reference"] or b""])
     stored += sum(len(row["mask"] or b"") for row in pq.read_table(out).to_pylist())
-    assert (
-        done.stdout == f"wrote {out} (3 rows, 6 images stored, {stored:,} bytes of PNG; {out.stat().st_size:,} bytes)\n"
-    )
+    expected = f"wrote {out} (3 rows, 6 images stored, {stored:,} bytes of PNG; {out.stat().st_size:,} bytes)\n"
+    assert capsys.readouterr().out == expected
     _, metadata = read_prompt_file(out)
     assert source_images(metadata[2])[0].shape == (3, 3, 5) and files["alpha.png"].is_file()
 

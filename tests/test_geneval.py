@@ -6,8 +6,6 @@ import hashlib
 import io
 import json
 import re
-import subprocess
-import sys
 import threading
 from collections import defaultdict
 from contextlib import contextmanager
@@ -20,7 +18,7 @@ import torch
 from http_stub import JSONHandler, serving
 from PIL import Image
 
-from omnialign import evaluate, judge
+from omnialign import cli, evaluate, judge
 from omnialign.config import RewardConfig
 from omnialign.data.prompts import load_prompt_set
 from omnialign.rewards import REWARDS, score
@@ -261,21 +259,21 @@ def test_eval_resumes_and_refuses_other_settings(tmp_path):
         evaluate.main(str(meta), out, seeds=2, overrides=["rollout.val_steps=4"])
 
 
-def test_cli_in_a_subprocess(tmp_path):
+def test_cli(tmp_path, monkeypatch, capsys):
+    """`omnialign eval geneval` through the command line's own parser and printout (in this process; `python -m
+    omnialign` itself is exercised by the serve-reward and prepare subprocess tests)."""
     meta = write_meta(tmp_path / "meta.jsonl")
+    monkeypatch.chdir(ROOT)
     with vlm(defaultdict(lambda: {**RIGHT, "counts": {**RIGHT["counts"], "twos": "1"}})) as server:  # any image
-        run = subprocess.run(
-            [sys.executable, "-m", "omnialign", "eval", "geneval", "--data", str(meta), "--judge-url", server.url,
-             "--out", str(tmp_path / "g.jsonl"), "--seeds", "1", "rollout.val_steps=2"],
-            cwd=ROOT, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-    assert run.returncode == 0, run.stderr
+        cli.main(["eval", "geneval", "--data", str(meta), "--judge-url", server.url, "--out", str(tmp_path / "g.jsonl"),
+                  "--seeds", "1", "rollout.val_steps=2"])  # fmt: skip
     assert len(server.seen) == 8  # 1 + 1 + 1 (the count of twos, asked once) + 3 + 2
     summary = json.loads((tmp_path / "g.summary.json").read_text())
     assert {t: c["accuracy"] for t, c in summary["by_tag"].items()} == {"single_object": 1, "counting": 0,
                                                                          "position": 1, "colors": 1}  # fmt: skip
-    assert "score (mean over tags): 0.7500" in run.stdout
-    assert re.search(r"counting\s+1\s+0\s+0\.000\s+0\.500\s+0", run.stdout)
+    stdout = capsys.readouterr().out
+    assert "score (mean over tags): 0.7500" in stdout
+    assert re.search(r"counting\s+1\s+0\s+0\.000\s+0\.500\s+0", stdout)
 
 
 def test_two_data_files_of_one_name_share_no_image_and_no_noise(tmp_path):

@@ -1,11 +1,15 @@
 """Every glyphs recipe runs 2 steps end to end at debug sizes, with its own algorithm's metrics, and with
 trainer.deterministic twice gives the same metrics.jsonl bit for bit, timings aside (the video recipes' second run
-only with --runslow: it costs 15 s each on a 2-core CPU; the GPU tier runs it beside other processes)."""
+only with --runslow: it costs 15 s each on a 2-core CPU; the GPU tier runs it beside other processes). For the first
+recipe of each algorithm (FAMILIES) the second run is the resume check instead: the 2-step run resumed for a third
+step equals 3 steps straight, every metric and every trained weight, bit for bit."""
 
 import pytest
 import torch
 
 from omnialign.config import apply_overrides, validate
+from omnialign.engine import checkpoint
+from omnialign.export import load_trained_network
 from omnialign.metrics import read_metrics, without_timing
 from omnialign.recipes import RECIPES
 from omnialign.train import main
@@ -15,6 +19,12 @@ EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dpp
             "distill": "actor/distill_kl", "nft": "actor/nft/positive", "awm": "actor/clip_frac",
             "dgpo": "actor/dgpo/weight", "gardo": "gardo/gated", "tempflow": "actor/clip_frac",
             "branchgrpo": "actor/clip_frac", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
+FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_dgpo",
+            "glyphs_gardo", "glyphs_tempflow", "glyphs_branch", "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
+
+
+def trained_weights(run):
+    return dict(load_trained_network(checkpoint.latest(run))[1].named_parameters())
 
 
 @pytest.mark.parametrize("name", GLYPHS)
@@ -38,6 +48,8 @@ def test_recipe_runs_two_steps(name, tmp_path, request):
         small.append("rollout.split_steps=[0,2]")  # of the 4 steps
     if config.algorithm.name == "dgpo":
         small += ["algorithm.dgpo_timesteps=2", "algorithm.dgpo_first_steps=3"]  # of the 4 steps
+    if config.algorithm.name == "gardo":  # refreshed after step 2: a resumed step 3 needs the checkpointed one
+        small.append("algorithm.ref_update_every=2")
     summary = main(validate(apply_overrides(config, [*small, f"trainer.output_dir={tmp_path / 'a'}"])))
     assert not torch.are_deterministic_algorithms_enabled()  # the run's setting ended with it
     records = read_metrics(tmp_path / "a" / config.name / "metrics.jsonl")
@@ -45,6 +57,15 @@ def test_recipe_runs_two_steps(name, tmp_path, request):
     assert EXPECTED[config.algorithm.name] in records[1], sorted(records[1])
     assert records[2]["actor/skipped_updates"] == 0
     assert "val_after" in summary and "val/diversity_after" in summary
+    if name in FAMILIES:
+        three = [*small, "trainer.total_steps=3"]
+        main(validate(apply_overrides(RECIPES[name](), [*three, f"trainer.output_dir={tmp_path / 'a'}"])), "auto")
+        main(validate(apply_overrides(RECIPES[name](), [*three, f"trainer.output_dir={tmp_path / 'b'}"])))
+        a, b = (without_timing(read_metrics(tmp_path / run / name / "metrics.jsonl")) for run in ("a", "b"))
+        assert [r["step"] for r in a] == [0, 1, 2, 3] and a == b
+        wa, wb = (trained_weights(tmp_path / run / name) for run in ("a", "b"))
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+        return
     if name.startswith("glyphs_video") and not request.config.getoption("--runslow"):
         return
     main(validate(apply_overrides(RECIPES[name](), [*small, f"trainer.output_dir={tmp_path / 'b'}"])))

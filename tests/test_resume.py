@@ -1,5 +1,6 @@
-"""Nothing lost, nothing silent: resume is exact for every diffusion algorithm, a resumed run is the same run, a
-crash mid-write leaves readable files, and a run that learns nothing does not report success."""
+"""Nothing lost, nothing silent: a resumed run is the same run (for every diffusion algorithm in
+tests/test_recipes.py), a crash mid-write leaves readable files, and a run that learns nothing does not report
+success."""
 
 import json
 import math
@@ -22,8 +23,6 @@ from omnialign.trainer import objectives
 SMALL = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.val_steps=4", "data.val_seeds=1",
          "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
          "actor.mini_batch_size=none"]  # fmt: skip
-FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_dgpo",
-            "glyphs_gardo", "glyphs_tempflow", "glyphs_branch", "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
 
 
 def small(name, out, *extra):
@@ -44,19 +43,6 @@ def small(name, out, *extra):
 
 def records_without_timing(run):
     return without_timing(read_metrics(run / "metrics.jsonl"))
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_resume_is_exact_for_every_diffusion_algorithm(name, tmp_path):
-    """3 steps straight = 2 steps, then a resumed third: every metric and every trained weight, bit for bit."""
-    main(small(name, tmp_path / "a", "trainer.total_steps=3"))
-    main(small(name, tmp_path / "b", "trainer.total_steps=2"))
-    main(small(name, tmp_path / "b", "trainer.total_steps=3"), resume="auto")
-    a, b = (records_without_timing(tmp_path / run / name) for run in ("a", "b"))
-    assert [r["step"] for r in b] == [0, 1, 2, 3] and a == b
-    wa, wb = (dict(load_trained_network(checkpoint.latest(tmp_path / run / name))[1].named_parameters())
-              for run in ("a", "b"))  # fmt: skip
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 @pytest.mark.parametrize("lora", [[], ["model.lora.rank=4"]], ids=["full", "lora"])
