@@ -1,6 +1,9 @@
-"""engine.sequence_parallel in the online trainer: two FlowGRPO steps on the tiny Wan twin (full fine-tuning with a
-reference KL, so the frozen reference copy is split too) with engine.sequence_parallel=2 on two processes (torchrun,
-gloo on the CPU) train like one process without a split: the same metrics and the same trained weights.
+"""engine.sequence_parallel in the online trainer: two FlowGRPO steps on the tiny Wan 2.2 A14B twin (full fine-tuning
+with a reference KL, so the frozen reference copy is split too, and the frozen low-noise expert `transformer_2` runs
+the steps below the boundary) with engine.sequence_parallel=2 on two processes (torchrun, gloo on the CPU) train like
+one process without a split: the same metrics and the same trained weights. Each process of the split run also
+reports how it holds `transformer_2`: split (diffusers' context-parallel config set) and sharded (about half of its
+parameters on each process).
 
 Run by pytest, this file builds the twin, runs the one-process run in the test's process (launching itself under
 torchrun with the GPUs hidden where there are some), then launches itself on two processes for the split run (the
@@ -11,6 +14,7 @@ the split run has one data-parallel rank: were its samples counted once per proc
 steps alone would not show it).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -20,12 +24,14 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.tensor import DTensor
 
 from omnialign.config import ConfigError, apply_overrides, check_world_size, validate
 from omnialign.engine import checkpoint, dist
 from omnialign.metrics import read_metrics
 from omnialign.models import tiny
 from omnialign.recipes import RECIPES
+from omnialign.recipes.wan import A14B_BOUNDARY
 from omnialign.train import main
 from omnialign.trainer.build import build_policy
 
@@ -36,11 +42,12 @@ COMPARED = ["reward/mean", "reward/std", "reward/group_std", "actor/loss", "acto
 
 
 def config(wan: Path, output_dir: Path, sequence_parallel: int):
-    """The glyphs FlowGRPO recipe (full fine-tuning, reference KL) on the Wan twin at tiny sizes, scoring each
-    frame's JPEG size."""
+    """The glyphs FlowGRPO recipe (full fine-tuning, reference KL) on the two-expert Wan twin at tiny sizes, trained
+    on its first step (the high-noise expert's), scoring each frame's JPEG size."""
     overrides = ["model.arch=wan", f"model.path={wan}", f"model.frames={FRAMES}", f"model.text_tokens={TEXT}",
                  "data.prompts_per_step=2", "data.val_seeds=1", "rollout.n=2", f"rollout.height={HEIGHT}",
-                 f"rollout.width={WIDTH}", "rollout.steps=4", "rollout.val_steps=2", "rollout.window_size=2",
+                 f"rollout.width={WIDTH}", "rollout.steps=4", "rollout.val_steps=2", "rollout.window_size=1",
+                 "rollout.window_end=1",  # sigma 1 (transformer); 0.86, 0.60 and 0.01 run transformer_2
                  "actor.micro_batch_size=2", "actor.mini_batch_size=4", f"actor.lr={LR}", "trainer.total_steps=2",
                  "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
                  f"trainer.output_dir={output_dir}", "reward.gold=none", 'reward.weights={"jpeg_compressibility": 1}',
@@ -56,7 +63,7 @@ def weights(run_dir: Path, out: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_processes_split_train_like_one_process(tmp_path):
-    wan = tiny.wan(tmp_path / "wan")
+    wan = tiny.wan(tmp_path / "wan", boundary_ratio=A14B_BOUNDARY)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -70,6 +77,13 @@ def test_two_processes_split_train_like_one_process(tmp_path):
                str(wan), str(tmp_path), str(processes)]  # fmt: skip
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
+    second = sum(p.numel() for p in WanTransformer3DModel.from_pretrained(wan / "transformer_2").parameters())
+    ranks = [json.loads((tmp_path / f"transformer_2.{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(r["split"] and r["parameters"] == second for r in ranks), ranks
+    held = [
+        r["held"] for r in ranks
+    ]  # FSDP2 splits each parameter's first dimension, the first rank's share rounded up
+    assert sum(held) == second and max(held) < 0.55 * second, (held, second)
     one, split = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("one", "split"))
     assert [r["step"] for r in split] == [r["step"] for r in one] == [0, 1, 2]
     # Rewards are JPEG sizes in kB of 8-bit frames: where a pixel of the split run rounds the other way, a frame may
@@ -116,4 +130,12 @@ def test_settings_that_cannot_split_fail_before_any_model_loads():
 
 
 if __name__ == "__main__":
-    main(config(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])))
+    run = config(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+    if run.engine.sequence_parallel > 1:
+        world = dist.init()
+        second = build_policy(run, world)[0].transformer_2
+        local = [(p.to_local() if isinstance(p, DTensor) else p) for p in second.parameters()]
+        held = {"split": second._parallel_config is not None, "parameters": sum(p.numel() for p in second.parameters()),
+                "held": sum(p.numel() for p in local)}  # fmt: skip
+        (Path(sys.argv[2]) / f"transformer_2.{world.rank}.json").write_text(json.dumps(held))
+    main(run)

@@ -17,13 +17,16 @@ class DiffusionPolicy(Protocol):
     """The trained network. Trainers may wrap or shard it; adapters call it by this name."""
     lora_targets: list[str]
     """Default LoRA target module names of the trained network."""
+    transformer_2: nn.Module | None
+    """A second network of `transformer`'s architecture that the policy runs frozen (Wan 2.2 A14B's low-noise
+    expert, as diffusers names it), split and sharded by the engine like the trained one; None for most models."""
     edits: bool
     """An editing model (Qwen-Image-Edit, FLUX.1-Kontext, the glyphs edit model): its prompts are instructions,
     and each brings source images (`sources` of `encode_prompts`; the prompt metadata's "sources")."""
 
     def to(self, device: torch.device) -> "DiffusionPolicy":
-        """Move the frozen components (encoders, decoder) to the device; returns self. The trained
-        network is placed by the engine (sharding moves it, or keeps it in host memory when offloaded)."""
+        """Move the frozen components (encoders, decoder) to the device; returns self. The trained network and
+        `transformer_2` are placed by the engine (sharding moves them, or keeps them in host memory when offloaded)."""
         ...
 
     def encode_prompts(self, prompts: list[str], sources: list[list[torch.Tensor]] | None = None) -> TensorDict:

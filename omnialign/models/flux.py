@@ -77,6 +77,7 @@ class FluxPolicy:
     tokens on their grid."""
 
     lora_targets = LORA_TARGETS
+    transformer_2 = None
 
     def __init__(
         self,

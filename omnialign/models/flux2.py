@@ -97,6 +97,7 @@ class Flux2Policy:
 
     lora_targets = LORA_TARGETS
     edits = False
+    transformer_2 = None
 
     def __init__(
         self,

@@ -82,6 +82,7 @@ class LTX2Policy:
 
     lora_targets = LORA_TARGETS
     edits = False
+    transformer_2 = None
 
     def __init__(
         self,

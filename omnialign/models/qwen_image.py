@@ -57,6 +57,7 @@ class QwenImagePolicy:
 
     lora_targets = LORA_TARGETS
     edits = False
+    transformer_2 = None
 
     def __init__(
         self,

@@ -44,6 +44,7 @@ class SD3Policy:
 
     lora_targets = LORA_TARGETS
     edits = False
+    transformer_2 = None
 
     def __init__(
         self,

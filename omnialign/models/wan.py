@@ -21,10 +21,12 @@ Everything mirrors `diffusers.WanPipeline` (a test samples with both and compare
   below, as the pipeline does (`high_noise(sigma)` is that test). CFG is `rollout.guidance` on the high-noise
   expert's steps and `rollout.guidance_2` (the pipeline's `guidance_scale_2`; None: rollout.guidance) on the
   low-noise expert's, per sample (`rollout.diffusion.step_guidance`, used by rollout, replay and validation alike;
-  a model without two experts refuses guidance_2). Only `transformer` is trained (LoRA,
-  sharding and checkpoints see only it): it lays out the composition and motion the rewards judge, and one
-  trained expert keeps one set of weights per run. `transformer_2` stays frozen, so a velocity computed
-  with gradients below the boundary fails: keep the SDE window (`rollout.window_end`) in the high-noise steps.
+  a model without two experts refuses guidance_2). Only `transformer` is trained (LoRA and checkpoints see only
+  it): it lays out the composition and motion the rewards judge, and one trained expert keeps one set of weights
+  per run. `transformer_2` stays frozen; the engine splits its tokens (engine.sequence_parallel) and shards it
+  over the processes like the trained one (trainer/build.py), so no GPU holds all 14B of its parameters. A
+  velocity computed with gradients below the boundary fails: keep the SDE window (`rollout.window_end`) in the
+  high-noise steps.
 - decode: latents * latents_std + latents_mean, the Wan VAE, [-1, 1] to [0, 1]: videos (B, F, C, H, W). Image
   rewards score each frame through `reward.per_frame`; grids show each video as a strip of its frames.
 """
@@ -83,7 +85,7 @@ class WanPolicy:
         self.spatial_factor = 8 if vae is None else vae.config.scale_factor_spatial
 
     def to(self, device: torch.device) -> "WanPolicy":
-        for module in (self.vae, self.text_encoder, self.transformer_2):  # the engine places the transformer
+        for module in (self.vae, self.text_encoder):  # the engine places transformer and transformer_2
             if module is not None:
                 module.to(device)
         return self

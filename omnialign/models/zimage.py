@@ -64,6 +64,7 @@ class ZImagePolicy:
 
     lora_targets = LORA_TARGETS
     edits = False
+    transformer_2 = None
 
     def __init__(
         self,

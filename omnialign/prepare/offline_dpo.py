@@ -231,7 +231,9 @@ def prepare_offline_dpo(
     if not todo:
         return counts
     policy = LOADERS[config.model.arch](config.model)
-    policy.transformer.requires_grad_(False).eval().to(world.device)
+    for net in (policy.transformer, policy.transformer_2):
+        if net is not None:
+            net.requires_grad_(False).eval().to(world.device)
     policy.to(world.device)
     negative = policy.encode_prompts([r.negative_prompt])  # stored with every row; used when CFG is on
     seeds = sample_seeds(config.seed, 0, len(prompts) * r.n).view(len(prompts), r.n)

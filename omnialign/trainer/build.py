@@ -1,7 +1,8 @@
 """Build the policy a diffusion trainer trains: load, LoRA, reference/old/teacher contexts, shard.
 
-Order matters: load on the host, add LoRA, make the frozen copies, split their tokens (engine.sequence_parallel),
-shard (which places the trained network on the device), then move the frozen components.
+Order matters: load on the host, add LoRA, make the frozen copies (and take the policy's frozen `transformer_2`),
+split their tokens (engine.sequence_parallel), shard (which places the networks on the device), then move the frozen
+encoders and decoder.
 """
 
 import copy
@@ -78,6 +79,8 @@ def build_policy(
     if a.teacher_path:
         teacher = LOADERS[config.model.arch](dataclasses.replace(config.model, path=a.teacher_path)).transformer
         contexts["teacher"] = swapped_network(policy, shard_frozen(teacher.float(), net, blocks, config, world))
+    if policy.transformer_2 is not None:  # Wan 2.2's low-noise expert: split and sharded like the reference copy
+        shard_frozen(policy.transformer_2, net, blocks, config, world)
     e = config.engine
     split_sequence(net, config, world)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,

@@ -82,6 +82,7 @@ class GlyphsPolicy:
     latent (InstructPix2Pix-style conditioning): the conditions keep the source in [-1, 1] as "source"."""
 
     lora_targets = LORA_TARGETS
+    transformer_2 = None
 
     def __init__(self, transformer: SD3Transformer2DModel, text_encoder: CharEncoder | None, shift: float = 1.0):
         self.transformer = transformer
