@@ -153,3 +153,24 @@ def test_stretch_to_terminal_is_the_schedulers(terminal):
     scheduler = FlowMatchEulerDiscreteScheduler(shift_terminal=terminal)
     torch.testing.assert_close(ours[:-1], scheduler.stretch_shift_to_terminal(sigmas[:-1]), rtol=0, atol=1e-6)
     assert ours[0] == 1 and ours[-2].item() == pytest.approx(terminal) and ours[-1] == 0
+
+
+@pytest.mark.parametrize(
+    "config, shift",
+    [(dict(use_dynamic_shifting=True, shift_terminal=0.02), None), (dict(use_dynamic_shifting=True), None),
+     (dict(use_dynamic_shifting=False, shift=3.0), None), (dict(use_dynamic_shifting=True, shift_terminal=0.1), 2.5)],
+    ids=["dynamic-terminal", "dynamic", "static", "fixed-shift"],
+)  # fmt: skip
+def test_pipeline_schedule_is_the_schedulers(config, shift):
+    """What FlowMatchEulerDiscreteScheduler.set_timesteps gives a pipeline that passes linspace(1, 1/N, N) and mu
+    (dynamic shifting), or its own shift; model.shift (fixed-shift) replaces the scheduler's shift as a static one."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    n, tokens = 10, 1024
+    ours = sde.pipeline_schedule(n, FlowMatchEulerDiscreteScheduler(**config).config, tokens, shift)
+    if shift is not None:
+        config = {**config, "use_dynamic_shifting": False, "shift": shift}
+    scheduler = FlowMatchEulerDiscreteScheduler(**config)
+    mu = sde.dynamic_shift_mu(tokens, 256, 4096, 0.5, 1.15) if config["use_dynamic_shifting"] else None
+    scheduler.set_timesteps(sigmas=list(torch.linspace(1, 1 / n, n).tolist()), mu=mu)
+    torch.testing.assert_close(ours, scheduler.sigmas.float(), rtol=0, atol=1e-6)

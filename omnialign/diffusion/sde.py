@@ -61,6 +61,21 @@ def dynamic_shift_mu(
     return base_shift + slope * (seq_len - base_len)
 
 
+def pipeline_schedule(num_steps: int, scheduler: dict, tokens: int, shift: float | None = None) -> torch.Tensor:
+    """The sigmas of a pipeline that passes linspace(1, 1/N, N) to its FlowMatchEulerDiscreteScheduler (`scheduler`:
+    that scheduler's config; Qwen-Image, FLUX.1, Z-Image, LTX-2), (N+1,): a fixed `shift` if given (model.shift),
+    else the scheduler's own, static or, with `use_dynamic_shifting`, exponential with mu from the image's `tokens`
+    (dynamic_shift_mu); then stretched to the scheduler's `shift_terminal` where it has one."""
+    if shift is None and scheduler["use_dynamic_shifting"]:
+        mu = dynamic_shift_mu(tokens, scheduler["base_image_seq_len"], scheduler["max_image_seq_len"],
+                              scheduler["base_shift"], scheduler["max_shift"])  # fmt: skip
+        sigmas = sigma_schedule(num_steps, mu=mu)
+    else:
+        sigmas = sigma_schedule(num_steps, shift=scheduler["shift"] if shift is None else shift)
+    terminal = scheduler.get("shift_terminal")
+    return stretch_to_terminal(sigmas, terminal) if terminal else sigmas
+
+
 class Transition(NamedTuple):
     sample: torch.Tensor  # (B, *dims) float32: x', drawn or the replayed one
     mean: torch.Tensor  # (B, *dims) float32

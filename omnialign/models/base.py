@@ -112,3 +112,13 @@ class LanguagePolicy(Protocol):
     def blocks(self) -> list[nn.Module]:
         """The decoder layers of `transformer`, the units for sharding and checkpointing."""
         ...
+
+
+def check_size(what: str, height: int, width: int, multiple: int) -> None:
+    """ValueError naming rollout.height / rollout.width when they are not multiples of `multiple` (VAE factor x
+    patch size); `what` names the model's outputs ("FLUX images", "Wan videos")."""
+    if height % multiple or width % multiple:
+        raise ValueError(
+            f"{what} must have height and width divisible by {multiple}, got {height}x{width}: "
+            "change rollout.height / rollout.width"
+        )

@@ -42,6 +42,7 @@ from transformers import AutoTokenizer, Mistral3ForConditionalGeneration, PreTra
 
 from omnialign.config import ModelConfig
 from omnialign.diffusion.sde import sigma_schedule, train_sigmas
+from omnialign.models.base import check_size
 from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 512  # both pipelines' default
@@ -187,11 +188,7 @@ class Flux2Policy:
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         multiple = self.vae_scale_factor * 2
-        if height % multiple or width % multiple:
-            raise ValueError(
-                f"FLUX.2 images must have height and width divisible by {multiple}, got {height}x{width}: "
-                "change rollout.height / rollout.width"
-            )
+        check_size("FLUX.2 images", height, width, multiple)
         return (height // multiple, width // multiple, self.transformer.config.in_channels)
 
     def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:

@@ -60,7 +60,7 @@ from torch import nn
 from transformers import AutoTokenizer, Gemma3ForConditionalGeneration, PreTrainedTokenizerBase
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, stretch_to_terminal, train_sigmas
+from omnialign.diffusion.sde import pipeline_schedule, train_sigmas
 from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default `max_sequence_length`
@@ -191,15 +191,8 @@ class LTX2Policy:
         return (f * h * w + self.audio_tokens, self.transformer.config.in_channels)
 
     def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        config = self.scheduler.config
-        if self.shift is not None:
-            sigmas = sigma_schedule(num_steps, shift=self.shift)
-        else:
-            f, h, w = self.video_grid(height, width)
-            mu = dynamic_shift_mu(f * h * w, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
-                                  config.max_shift)  # fmt: skip
-            sigmas = sigma_schedule(num_steps, mu=mu)
-        return stretch_to_terminal(sigmas, config.shift_terminal) if config.shift_terminal else sigmas
+        f, h, w = self.video_grid(height, width)
+        return pipeline_schedule(num_steps, self.scheduler.config, f * h * w, self.shift)
 
     def train_sigmas(self) -> torch.Tensor:
         config = self.scheduler.config

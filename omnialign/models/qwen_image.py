@@ -24,7 +24,8 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, stretch_to_terminal, train_sigmas
+from omnialign.diffusion.sde import pipeline_schedule, train_sigmas
+from omnialign.models.base import check_size
 
 PROMPT_TEMPLATE = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
@@ -138,25 +139,12 @@ class QwenImagePolicy:
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         multiple = self.vae_scale_factor * 2
-        if height % multiple or width % multiple:
-            raise ValueError(
-                f"Qwen-Image images must have height and width divisible by {multiple}, got {height}x{width}: "
-                "change rollout.height / rollout.width"
-            )
+        check_size("Qwen-Image images", height, width, multiple)
         return (height // multiple, width // multiple, self.transformer.config.in_channels)
 
     def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        config = self.scheduler.config
-        if self.shift is None:
-            tokens_h, tokens_w, _ = self.latent_shape(height, width)
-            mu = dynamic_shift_mu(
-                tokens_h * tokens_w, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
-                config.max_shift,
-            )  # fmt: skip
-            sigmas = sigma_schedule(num_steps, mu=mu)
-        else:
-            sigmas = sigma_schedule(num_steps, shift=self.shift)
-        return stretch_to_terminal(sigmas, config.shift_terminal) if config.shift_terminal else sigmas
+        tokens_h, tokens_w, _ = self.latent_shape(height, width)
+        return pipeline_schedule(num_steps, self.scheduler.config, tokens_h * tokens_w, self.shift)
 
     def train_sigmas(self) -> torch.Tensor:
         config = self.scheduler.config

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, CLIPTextModelWithProjection, PreTrainedT
 
 from omnialign.config import ModelConfig
 from omnialign.diffusion.sde import scheduler_sigma_min, sigma_schedule, train_sigmas
+from omnialign.models.base import check_size
 from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default T5 length
@@ -108,11 +109,7 @@ class SD3Policy:
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         multiple = self.vae_scale_factor * self.transformer.config.patch_size
-        if height % multiple or width % multiple:
-            raise ValueError(
-                f"SD3 images must have height and width divisible by {multiple}, got {height}x{width}: "
-                "change rollout.height / rollout.width"
-            )
+        check_size("SD3 images", height, width, multiple)
         f = self.vae_scale_factor
         return (self.transformer.config.in_channels, height // f, width // f)
 

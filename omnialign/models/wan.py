@@ -42,6 +42,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderMode
 
 from omnialign.config import ModelConfig
 from omnialign.diffusion.sde import scheduler_sigma_min, sigma_schedule, train_sigmas
+from omnialign.models.base import check_size
 from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default `max_sequence_length`
@@ -157,11 +158,7 @@ class WanPolicy:
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         """(C, F', H', W') for videos of `self.frames` frames of height x width."""
         multiple = self.spatial_factor * self.transformer.config.patch_size[1]
-        if height % multiple or width % multiple:
-            raise ValueError(
-                f"Wan videos must have height and width divisible by {multiple}, got {height}x{width}: "
-                "change rollout.height / rollout.width"
-            )
+        check_size("Wan videos", height, width, multiple)
         frames = (self.frames - 1) // self.temporal_factor + 1
         f = self.spatial_factor
         return (self.transformer.config.in_channels, frames, height // f, width // f)

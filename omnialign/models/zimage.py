@@ -40,7 +40,8 @@ from torch import nn
 from transformers import AutoTokenizer, BatchEncoding, PreTrainedTokenizerBase, Qwen3Model
 
 from omnialign.config import ModelConfig
-from omnialign.diffusion.sde import dynamic_shift_mu, sigma_schedule, train_sigmas
+from omnialign.diffusion.sde import pipeline_schedule, train_sigmas
+from omnialign.models.base import check_size
 from omnialign.models.qwen_image import pipeline_folder
 
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default `max_sequence_length`
@@ -129,26 +130,13 @@ class ZImagePolicy:
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         multiple = self.vae_scale_factor * 2
-        if height % multiple or width % multiple:
-            raise ValueError(
-                f"Z-Image images must have height and width divisible by {multiple}, got {height}x{width}: "
-                "change rollout.height / rollout.width"
-            )
+        check_size("Z-Image images", height, width, multiple)
         factor = self.vae_scale_factor
         return (self.transformer.config.in_channels, height // factor, width // factor)
 
     def schedule(self, num_steps: int, height: int, width: int) -> torch.Tensor:
-        config = self.scheduler.config
-        if self.shift is not None:
-            return sigma_schedule(num_steps, shift=self.shift)
-        if not config.use_dynamic_shifting:
-            return sigma_schedule(num_steps, shift=config.shift)
         _, h, w = self.latent_shape(height, width)
-        mu = dynamic_shift_mu(
-            h // 2 * (w // 2), config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
-            config.max_shift,
-        )  # fmt: skip
-        return sigma_schedule(num_steps, mu=mu)
+        return pipeline_schedule(num_steps, self.scheduler.config, h // 2 * (w // 2), self.shift)
 
     def train_sigmas(self) -> torch.Tensor:
         config = self.scheduler.config
