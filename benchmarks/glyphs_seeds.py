@@ -28,11 +28,10 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from omnialign.config import from_dict, leaves_per_sample, tree_leaves
+from omnialign.config import from_dict, images_per_sample
 from omnialign.metrics import read_metrics
 
 DROP, AFTER, GOLD = 0.15, 50, 0.9
-LEAVES = {"tempflow": leaves_per_sample, "branchgrpo": tree_leaves}  # images a sample's rollout decodes, if not 1
 STEP_PHASES = ("rollout", "reward_wait", "advantage", "old_log_probs", "update")
 
 
@@ -71,8 +70,7 @@ def summarise(out: Path) -> dict[str, dict]:
             config = from_dict(json.loads((run / "config.json").read_text()))
             records = read_metrics(run / "metrics.jsonl")
             val = [r for r in records if "val/gold/accuracy" in r]
-            leaves = LEAVES.get(config.algorithm.name, lambda rollout: 1)(config.rollout)
-            images = config.data.prompts_per_step * config.rollout.n * leaves
+            images = config.data.prompts_per_step * config.rollout.n * images_per_sample(config)
             step, count, seconds = to_gold(records, images)
             entry["seeds"].append(seed)
             entry["steps"].append(val[-1]["step"])

@@ -512,6 +512,13 @@ def tree_leaves(rollout: RolloutConfig) -> int:
     return rollout.split_factor ** len(rollout.split_steps)
 
 
+def images_per_sample(config: Config) -> int:
+    """The images one sample's rollout decodes: a TempFlow-GRPO trunk's branches, a BranchGRPO tree's leaves, else 1."""
+    if config.algorithm.name == "tempflow":
+        return leaves_per_sample(config.rollout)
+    return tree_leaves(config.rollout) if config.algorithm.name == "branchgrpo" else 1
+
+
 def tree_widths(rollout: RolloutConfig) -> list[int]:
     """BranchGRPO: the nodes of one tree after each step k (its edges of step k, of child depth k + 1)."""
     return [rollout.split_factor ** sum(s <= k for s in rollout.split_steps) for k in range(rollout.steps)]

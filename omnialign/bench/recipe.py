@@ -65,6 +65,7 @@ from omnialign.bench.models import (
     zimage_flops,
     zimage_tokens,
 )
+from omnialign.config import VIDEO_ARCHS
 from omnialign.engine import dist
 
 OCR_PROMPTS = [f'A storefront sign that says "{w}"' for w in
@@ -111,7 +112,7 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
 
     world = dist.init()
     base = RECIPES[recipe]()
-    video = base.model.arch in ("wan", "ltx2")
+    video = base.model.arch in VIDEO_ARCHS
     overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
                  f"data.prompts_per_step={prompts * world.size}",
                  'reward.weights={"jpeg_compressibility": 1.0}', f"model.text_tokens={base.model.text_tokens or 128}",
@@ -241,7 +242,7 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
         train = r.window_size * cfg * (1 + backward) + (r.window_size * cfg if a.kl_coef > 0 else 0)
         rollout_fwd = r.steps * cfg
     flops = images * forward * (rollout_fwd + train)
-    unit = "video" if config.model.arch in ("wan", "ltx2") else "image"
+    unit = "video" if config.model.arch in VIDEO_ARCHS else "image"
     return {
         "recipe": config.recipe, "gpus": world.size, "compile": config.engine.compile, "step": step,
         f"{unit}s": images, "step_s": round(seconds, 1),
