@@ -203,8 +203,8 @@ def test_kontext_auto_resize_matches_the_pipeline(kontext, kontext_pipeline, mon
     torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
 
-def test_kontext_preferred_resolutions_are_the_pipelines():
-    policy = flux.FluxPolicy(None, None, None, None, None, edits=True)
+def test_kontext_preferred_resolutions_are_the_pipelines(kontext):
+    policy = flux.FluxPolicy(kontext.transformer, None, None, None, None, edits=True)
     assert policy.source_resolutions == pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
     wide = torch.rand(3, 480, 640)  # 4:3 -> 1184x880, the nearest aspect ratio of the released list
     assert policy.source_pixels(wide).shape == (3, 880, 1184)

@@ -29,7 +29,7 @@ class TransformerOnly(QwenImagePolicy):
     """The Qwen-Image adapter's `velocity` without encoders or VAE (a trajectory is synthetic)."""
 
     def __init__(self, transformer: QwenImageTransformer2DModel):
-        self.transformer = transformer
+        self.transformer, self.dtype = transformer, transformer.dtype
 
 
 def synthetic_trajectory(batch: int, window: int, grid: int, channels: int, text: int, dim: int) -> Trajectory:

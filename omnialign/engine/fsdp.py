@@ -61,13 +61,18 @@ def shard(
     """Shard `module` in place: each of `blocks` is one FSDP unit, the rest of `module` the root unit.
 
     Parameters keep their stored dtype (fp32 master weights for trained ones); compute runs in
-    `param_dtype` and gradients are reduced in fp32. With `cpu_offload`, sharded parameters,
-    gradients and optimizer states live in host memory; otherwise they move to the mesh's device.
+    `param_dtype` and gradients are reduced in fp32. Inputs are not cast: the network sees the dtypes its caller
+    passes (the adapters pass what their pipelines do: latents in the compute dtype, SD3's and Wan's timestep in
+    fp32) and its blocks what it computes (the rotary tables of FLUX and LTX-2 in fp32), so a sharded network
+    computes as the model loaded in `param_dtype` does (tests/test_mixed_precision.py). With `cpu_offload`,
+    sharded parameters, gradients and optimizer states live in host memory; otherwise they move to the mesh's device.
     With `compile`, each block's forward is compiled (regional compilation). Without `cudnn_attention`, the blocks'
     attention never runs cuDNN's kernel (`without_cudnn_attention`).
     """
     mixed = MixedPrecisionPolicy(
-        param_dtype=None if param_dtype == torch.float32 else param_dtype, reduce_dtype=torch.float32
+        param_dtype=None if param_dtype == torch.float32 else param_dtype,
+        reduce_dtype=torch.float32,
+        cast_forward_inputs=False,
     )
     offload = CPUOffloadPolicy(pin_memory=device_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     for block in blocks:

@@ -17,6 +17,9 @@ class DiffusionPolicy(Protocol):
     """The trained network. Trainers may wrap or shard it; adapters call it by this name."""
     lora_targets: list[str]
     """Default LoRA target module names of the trained network."""
+    dtype: torch.dtype
+    """The compute dtype: `transformer`'s as loaded (model.dtype). `velocity` casts latents and conditions to it;
+    `transformer.dtype` reads float32 once the engine keeps float32 master weights."""
     transformer_2: nn.Module | None
     """A second network of `transformer`'s architecture that the policy runs frozen (Wan 2.2 A14B's low-noise
     expert, as diffusers names it), split and sharded by the engine like the trained one; None for most models."""

@@ -94,6 +94,7 @@ class FluxPolicy:
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
     ):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.vae = vae
         self.text_encoders = text_encoders  # CLIP-L, T5
         self.tokenizers = tokenizers
@@ -174,7 +175,7 @@ class FluxPolicy:
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
         batch, height, width, channels = latents.shape
-        dtype, device = self.transformer.dtype, latents.device
+        dtype, device = self.dtype, latents.device
         tokens = latents.reshape(batch, height * width, channels).to(dtype)
         ids = grid_ids(height, width, 0.0, device)
         if self.edits:  # the source tokens follow the noisy ones; their prediction is dropped

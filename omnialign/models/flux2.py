@@ -113,6 +113,7 @@ class Flux2Policy:
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
     ):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.vae = vae
         self.klein = klein
         self.layers = LAYERS["flux2_klein" if klein else "flux2"]
@@ -158,7 +159,7 @@ class Flux2Policy:
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
         batch, height, width, channels = latents.shape
-        dtype, device = self.transformer.dtype, latents.device
+        dtype, device = self.dtype, latents.device
         embeds = cond["embeds"]
         zero = torch.zeros(1, dtype=torch.long, device=device)
         rows, cols = torch.arange(height, device=device), torch.arange(width, device=device)

@@ -98,6 +98,7 @@ class LTX2Policy:
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
     ):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.vae = vae
         self.text_encoder = text_encoder
         self.tokenizer = tokenizer
@@ -142,7 +143,7 @@ class LTX2Policy:
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
         n, (f, h, w) = self._video_tokens(latents), self.grid
-        dtype = self.transformer.dtype
+        dtype = self.dtype
         x, t = latents.to(dtype), sigma.float() * 1000  # the pipeline's scheduler timestep, as timestep and sigma
         video, audio = self.transformer(
             hidden_states=x[:, :n],

@@ -71,6 +71,7 @@ class QwenImagePolicy:
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
     ):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.vae = vae
         self.text_encoder = text_encoder
         self.tokenizer = tokenizer
@@ -115,7 +116,7 @@ class QwenImagePolicy:
         """The transformer's velocity at `latents`; an editing model's packed source latents (B, h_i, w_i, 4*z)
         follow the latent tokens in the sequence, each with its RoPE image shape, and their outputs are dropped."""
         batch, height, width, channels = latents.shape
-        dtype = self.transformer.dtype
+        dtype = self.dtype
         grids = (latents, *sources)
         v = self.transformer(
             hidden_states=torch.cat([g.reshape(batch, -1, channels) for g in grids], 1).to(dtype),

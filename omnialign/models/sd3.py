@@ -58,6 +58,7 @@ class SD3Policy:
         num_train_timesteps: int = 1000,
     ):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.vae = vae
         self.text_encoders = text_encoders  # CLIP-L, CLIP-G, T5
         self.tokenizers = tokenizers
@@ -92,7 +93,7 @@ class SD3Policy:
         return TensorDict(embeds=embeds, pooled=torch.cat(pooled, dim=-1), batch_size=[len(prompts)])
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        dtype = self.transformer.dtype
+        dtype = self.dtype
         return self.transformer(
             hidden_states=latents.to(dtype),
             timestep=sigma * 1000,

@@ -73,6 +73,7 @@ class WanPolicy:
         num_train_timesteps: int = 1000,
     ):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.transformer_2 = transformer_2  # Wan 2.2's low-noise expert, frozen; None: one transformer
         self.boundary_ratio = boundary_ratio
         self.vae = vae
@@ -110,7 +111,7 @@ class WanPolicy:
     def _expert(
         self, transformer: nn.Module, latents: torch.Tensor, sigma: torch.Tensor, embeds: torch.Tensor
     ) -> torch.Tensor:
-        dtype = transformer.dtype
+        dtype = self.dtype
         return transformer(
             hidden_states=latents.to(dtype),
             timestep=sigma * self.num_train_timesteps,

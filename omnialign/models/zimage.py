@@ -78,6 +78,7 @@ class ZImagePolicy:
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
     ):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.vae = vae
         self.text_encoder = text_encoder
         self.tokenizer = tokenizer
@@ -113,7 +114,7 @@ class ZImagePolicy:
         return TensorDict(embeds=hidden.masked_fill(~mask[..., None], 0), mask=mask, batch_size=[len(prompts)])
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        dtype = self.transformer.dtype
+        dtype = self.dtype
         captions = [embeds[mask] for embeds, mask in zip(cond["embeds"].to(dtype), cond["mask"])]
         out = self.transformer(
             list(latents.to(dtype).unsqueeze(2).unbind(0)),  # (C, frames=1, h, w) each

@@ -86,6 +86,7 @@ class GlyphsPolicy:
 
     def __init__(self, transformer: SD3Transformer2DModel, text_encoder: CharEncoder | None, shift: float = 1.0):
         self.transformer = transformer
+        self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.text_encoder = text_encoder
         self.shift = shift
         self.edits = transformer.config.in_channels == 2
@@ -106,7 +107,7 @@ class GlyphsPolicy:
         return cond
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        dtype = self.transformer.dtype
+        dtype = self.dtype
         if self.edits:
             latents = torch.cat([latents, cond["source"].to(latents.dtype)], dim=1)
         return self.transformer(

@@ -47,7 +47,7 @@ class GlyphsVideoPolicy(GlyphsPolicy):
     lora_targets = LORA_TARGETS
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond) -> torch.Tensor:
-        dtype = self.transformer.dtype
+        dtype = self.dtype
         return self.transformer(hidden_states=latents.to(dtype), timestep=sigma * 1000,
                                 encoder_hidden_states=cond["hidden"].to(dtype), return_dict=False)[0]  # fmt: skip
 

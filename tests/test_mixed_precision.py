@@ -1,0 +1,42 @@
+"""FSDP2's mixed precision computes what the model's own pipeline computes in bfloat16: with the trained weights
+kept in float32 and gathered in bfloat16, the network's velocity equals that of the model loaded in bfloat16, bit for
+bit on the CPU. Before, each FSDP unit cast its floating inputs to bfloat16: SD3's, Wan's and Z-Image's float32
+timestep (386.7 became 386) and the float32 rotary tables of FLUX.1, FLUX.2 and LTX-2 (1e-2 off). Wan keeps some
+modules in float32 (`_keep_in_fp32_modules`: the time embedder, the norms, the scale-shift tables), which FSDP
+gathers in bfloat16 like the rest: its velocity stays 0.6% off."""
+
+import copy
+
+import pytest
+import torch
+
+from omnialign.config import ModelConfig
+from omnialign.engine import dist, fsdp
+from omnialign.models import LOADERS, tiny
+
+TWINS = {"sd3": tiny.sd3, "qwen_image": tiny.qwen_image, "zimage": tiny.zimage, "flux": tiny.flux,
+         "flux2": tiny.flux2, "ltx2": tiny.ltx2, "wan": tiny.wan}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", list(TWINS))
+def test_sharded_float32_weights_compute_as_the_bfloat16_model(arch, tmp_path):
+    frames = {"ltx2": 9, "wan": 5}.get(arch, ModelConfig.frames)
+    policy = LOADERS[arch](ModelConfig(arch=arch, path=str(TWINS[arch](tmp_path)), dtype="bfloat16", frames=frames))
+    world = dist.init()
+    size = 64 if arch == "ltx2" else 32
+    x = torch.randn((2, *policy.latent_shape(size, size)), generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.3867, 0.7431], device=world.device)
+    with torch.no_grad():
+        net = copy.deepcopy(policy.transformer).float()  # the trainer's float32 master weights
+        policy.to(world.device).transformer.to(world.device)
+        cond, x = policy.encode_prompts(["a red cube", "two cats"]), x.to(world.device)
+        expected = policy.velocity(x, sigma, cond)
+        names = {id(m): name for name, m in policy.transformer.named_modules()}
+        blocks = [net.get_submodule(names[id(b)]) for b in policy.blocks()]
+        policy.transformer = fsdp.shard(net, blocks, fsdp.mesh(world), torch.bfloat16)
+        got = policy.velocity(x, sigma, cond)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    if arch == "wan":
+        assert 0 < (got - expected).float().norm() / expected.float().norm() < 0.01
+    else:
+        assert torch.equal(got, expected)
