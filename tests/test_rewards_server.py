@@ -369,10 +369,10 @@ def test_replies_are_not_held_back_on_a_kept_alive_connection():
     with running(load_reward(f"{FNS}:slow_length"), "quick") as server:
         sock = connect(server.url)
         start = time.monotonic()
-        for _ in range(20):
+        for _ in range(50):
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert reply(sock)[0] == 200
-        assert time.monotonic() - start < 0.4
+        assert time.monotonic() - start < 1.0  # 2 s held back; a busy CI machine needs room
 
 
 def test_bodies_being_read_are_capped_in_memory():
