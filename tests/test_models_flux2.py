@@ -15,12 +15,13 @@ from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
 from peft import LoraConfig, get_peft_model
 
 from omnialign.bench.models import flux2_flops, full_flux2
-from omnialign.config import ModelConfig, apply_overrides, validate
+from omnialign.config import ModelConfig, RolloutConfig, apply_overrides, validate
 from omnialign.data.ocr import prepare_ocr
 from omnialign.diffusion.sampling import per_sample_noise, sample
 from omnialign.metrics import read_metrics
 from omnialign.models import LOADERS, flux2, tiny
 from omnialign.recipes import RECIPES
+from omnialign.rollout.diffusion import step_guidance
 from omnialign.train import main
 
 PROMPTS = ["a red cat", 'a shop sign that says "OPEN" in the rain, photo']
@@ -168,6 +169,25 @@ def test_bad_inputs_fail_clearly(policies, paths, tmp_path):
         policies["flux2"].latent_shape(30, 48)
     with pytest.raises(ValueError, match="read hidden state 30 of the text encoder, which has only 2 layers"):
         flux2.decoder_layers(tiny.Qwen3ForCausalLM(tiny.Qwen3Config(**tiny.qwen3_sizes(16, 2))), 30)
+
+
+def test_a_step_distilled_klein_refuses_cfg(policies, paths, tmp_path):
+    """The distilled kleins' pipeline ignores guidance_scale (`is_distilled` in model_index.json): a rollout with CFG
+    on one is refused, naming the fix; a base klein (the twin) takes CFG."""
+    for part in paths["flux2_klein"].iterdir():
+        if part.name != "model_index.json":
+            (tmp_path / part.name).symlink_to(part)
+    index = json.loads((paths["flux2_klein"] / "model_index.json").read_text())
+    (tmp_path / "model_index.json").write_text(json.dumps({**index, "is_distilled": True}))
+    distilled = flux2.load(ModelConfig(arch="flux2_klein", path=str(tmp_path), transformer_only=True))
+    assert distilled.distilled and not policies["flux2_klein"].distilled
+    sigma = torch.tensor([0.9, 0.4])
+    with pytest.raises(
+        ValueError, match=r"rollout.guidance=4.0: this FLUX.2-klein is step-distilled .*set rollout.guidance=1"
+    ):
+        step_guidance(distilled, sigma, RolloutConfig(guidance=4.0))
+    assert step_guidance(distilled, sigma, RolloutConfig(guidance=1.0)) == 1.0
+    assert step_guidance(policies["flux2_klein"], sigma, RolloutConfig(guidance=4.0)) == 4.0
 
 
 # --------------------------------------------------------------------------- recipes

@@ -21,7 +21,7 @@ Everything mirrors the pipelines exactly (a test samples with both and compares)
   the base models take true CFG (the pipeline's `guidance_scale` > 1, default 4.0, against the empty prompt: our
   `rollout.guidance` with `rollout.negative_prompt=""`, no renormalisation); the distilled ones (`is_distilled` in
   model_index.json: FLUX.2-klein-4B and -9B, 4 steps) ignore `guidance_scale`, so run them with
-  `rollout.guidance=1`.
+  `rollout.guidance=1` (a rollout with CFG on one is refused: `rollout.diffusion.step_guidance`).
 - the transformer receives the scheduler timestep sigma*1000, cast to the compute dtype, / 1000.
 - the schedule: linspace(1, 1/N, N) sigmas, shifted by the scheduler's exponential time shift with the pipelines'
   `compute_empirical_mu` (a fit in the image token count and N), then 0 (`model.shift`: a static shift instead).
@@ -111,11 +111,13 @@ class Flux2Policy:
         guidance: float = GUIDANCE,
         shift: float | None = None,
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
+        distilled: bool = False,
     ):
         self.transformer = transformer
         self.dtype = transformer.dtype  # of compute (the engine may keep the trained weights in float32)
         self.vae = vae
         self.klein = klein
+        self.distilled = distilled  # a step-distilled klein: its pipeline ignores guidance_scale (no CFG)
         self.layers = LAYERS["flux2_klein" if klein else "flux2"]
         self.text_encoder = None if text_encoder is None else decoder_layers(text_encoder, max(self.layers))
         self.tokenizer = tokenizer
@@ -227,7 +229,8 @@ def load(config: ModelConfig) -> Flux2Policy:
     layout = PIPELINES[config.arch]
     root = pipeline_folder(config, PARTS, layout, f"black-forest-labs/{RELEASES[config.arch]}")
     index = root / "model_index.json"
-    found = json.loads(index.read_text()).get("_class_name") if index.exists() else layout
+    components = json.loads(index.read_text()) if index.exists() else {"_class_name": layout}
+    found = components["_class_name"]
     if found != layout:
         other = {v: k for k, v in PIPELINES.items()}.get(found)
         fix = f"set model.arch={other}" if other else f"point model.path at a {layout} folder"
@@ -248,6 +251,7 @@ def load(config: ModelConfig) -> Flux2Policy:
         guidance=GUIDANCE if config.embedded_guidance is None else config.embedded_guidance,
         shift=config.shift,
         max_sequence_length=config.text_tokens or MAX_SEQUENCE_LENGTH,
+        distilled=components.get("is_distilled", False),
     )
     if config.transformer_only:  # offline training on stored latents and embeddings
         return Flux2Policy(transformer, None, None, None, scheduler, **options)

@@ -10,6 +10,7 @@ from omnialign.config import RolloutConfig
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import Guidance, sample
 from omnialign.models.base import DiffusionPolicy
+from omnialign.models.flux2 import Flux2Policy
 from omnialign.models.wan import WanPolicy
 
 
@@ -51,7 +52,12 @@ def step_guidance(policy: DiffusionPolicy, sigma: torch.Tensor, config: RolloutC
     """The CFG scale of each sample at sigma (B,): rollout.guidance, or with rollout.guidance_2 set (Wan 2.2 A14B)
     one per sample, guidance_2 where the policy's low-noise expert runs (its `high_noise(sigma)` False), as the
     pipeline's guidance_scale_2. Rollout, replay and validation all take it from here, so replayed log-probs
-    equal the rollout's."""
+    equal the rollout's. A step-distilled FLUX.2-klein, whose pipeline ignores guidance_scale, refuses CFG."""
+    if isinstance(policy, Flux2Policy) and policy.distilled and uses_cfg(config):
+        raise ValueError(
+            f"rollout.guidance={config.guidance}: this FLUX.2-klein is step-distilled (is_distilled in its "
+            "model_index.json) and its pipeline ignores guidance_scale: set rollout.guidance=1 (CFG needs a base klein)"
+        )
     if config.guidance_2 is None:
         return config.guidance
     high = policy.high_noise(sigma) if isinstance(policy, WanPolicy) else None
