@@ -19,8 +19,7 @@ EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dpp
             "distill": "actor/distill_kl", "nft": "actor/nft/positive", "awm": "actor/clip_frac",
             "dgpo": "actor/dgpo/weight", "gardo": "gardo/gated", "tempflow": "actor/clip_frac",
             "branchgrpo": "actor/clip_frac", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
-FAMILIES = ["glyphs_flowgrpo", "glyphs_grpo_guard", "glyphs_dppo", "glyphs_nft", "glyphs_awm", "glyphs_dgpo",
-            "glyphs_gardo", "glyphs_tempflow", "glyphs_branch", "glyphs_online_dpo", "glyphs_distill"]  # fmt: skip
+FAMILIES = set({RECIPES[name]().algorithm.name: name for name in reversed(GLYPHS)}.values())  # each one's first
 
 
 def trained_weights(run):
