@@ -97,9 +97,8 @@ def write_bench_prompts(path: Path, edits: bool, height: int, width: int) -> Non
 
 @contextmanager
 def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: list[str] = ()) -> Iterator:
-    """The `OnlineTrainer` of a Qwen-Image, FLUX or Wan recipe with `prompts` prompts per GPU on the full-size random
-    pipeline (or the tiny one), its reward worker running; see the module docstring."""
-
+    """The `OnlineTrainer` of a Qwen-Image, FLUX.1, FLUX.2, Z-Image, Wan or LTX-2 recipe with `prompts` prompts per GPU
+    on the full-size random pipeline (or the tiny one), its reward worker running; see the module docstring."""
     from omnialign import rewards
     from omnialign.config import apply_overrides, validate
     from omnialign.engine import optim
