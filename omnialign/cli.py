@@ -258,9 +258,9 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int)
     pr.add_argument("--device", help="cpu, cuda or auto (default)")
     for name in ("gold-steps", "recognizer-steps", "clean-steps", "noisy-steps", "eval-every", "fool-rounds",
-                 "fool-steps", "refresh-steps", "edit-steps"):  # fmt: skip
+                 "fool-steps", "refresh-steps", "edit-steps", "video-steps", "video-noisy-steps",
+                 "video-batch"):  # fmt: skip
         pr.add_argument(f"--{name}", type=int)
-    pr.add_argument("--video-steps", type=int)
     for name in ("label-noise", "edit-copy", "edit-lr", "video-noise", "video-lr"):
         pr.add_argument(f"--{name}", type=float)
     pr.add_argument("--gold-init", help="stage gold: fine-tune this gold judge folder instead of training a new one")

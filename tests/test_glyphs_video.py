@@ -77,11 +77,12 @@ def test_shipped_video_model_draws_digits_but_rarely_the_asked_for_one():
 def test_prepare_video_stage_writes_a_loadable_model(tmp_path):
     for part in ("gold", "recognizer"):  # the judges the stage evaluates with
         (tmp_path / part).symlink_to(video.ASSETS / part)
-    config = PretrainConfig(out=str(tmp_path), device="cpu", video_steps=2, video_batch=4, eval_every=2,
-                            video_eval_seeds=1, stages=["video"])  # fmt: skip
+    config = PretrainConfig(out=str(tmp_path), device="cpu", video_steps=2, video_noisy_steps=2, video_batch=4,
+                            eval_every=2, video_eval_seeds=1, stages=["video_teacher", "video"])  # fmt: skip
     report = prepare_glyphs(config)
-    assert report["video"][-1]["step"] == 2 and 0 <= report["video"][-1]["gold_accuracy"] <= 1
-    assert "video (cpu)" in report["seconds"]
+    for stage in ("video_teacher", "video"):
+        assert report[stage][-1]["step"] == 2 and 0 <= report[stage][-1]["gold_accuracy"] <= 1
+        assert f"{stage} (cpu)" in report["seconds"]
     policy = video.load(ModelConfig(arch="glyphs_video", path=str(tmp_path / "video")))
     assert policy.encode_prompts(["3"])["hidden"].shape == (1, 4, 64)
 

@@ -29,8 +29,9 @@ first three stages would take about 5 hours; the shipped gold judge was then fin
    judged not to be digits (`rl_negatives`, shipped as `gold/rl_negatives.pt`), fine-tune both models
    as negatives.
 
-6. Stage `edit` makes the edit model (`assets/edit/`) and stage `video` the video model (`assets/video/`, a tiny
-   `WanTransformer3DModel` from scratch; `train_video`), each on the GPU in about a minute or four.
+6. Stage `edit` makes the edit model (`assets/edit/`). Stages `video_teacher` and `video` make the video model in the
+   generator's two phases: a tiny `WanTransformer3DModel` from scratch on clean clips (`assets/video_teacher/`),
+   then with a share of its prompts replaced (`assets/video/`, what ships as the video base), on the GPU in minutes.
 
 Everything is seeded. The report (`pretrain.json`) holds each model's measured quality and the time
 of each phase. No recipe ever trains or selects against the gold judge.
@@ -74,8 +75,9 @@ from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
 from omnialign.worlds.glyphs.model import CharEncoder, GlyphsPolicy, edit_transformer, load, tiny_transformer
 from omnialign.worlds.glyphs.recognizer import Recognizer
 from omnialign.worlds.glyphs.video import GlyphsVideoPolicy, glyph_video, glyph_video_gold, video_transformer
+from omnialign.worlds.glyphs.video import load as load_video
 
-STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives", "edit", "video")
+STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives", "edit", "video_teacher", "video")
 
 
 @dataclass
@@ -141,17 +143,21 @@ class PretrainConfig:
     the shipped edit model keeps the place and size but makes the asked-for edit only part of the time."""
     edit_lr: float = 5e-4
     """Stage edit: peak learning rate (one cycle); the text encoder stays frozen."""
-    video_steps: int = 4000
-    """Stage video: steps of the glyphs video model, from scratch with its own text encoder."""
+    video_steps: int = 8000
+    """Stage video_teacher: steps of the glyphs video model from scratch (with its own text encoder) on clean clips,
+    every frame the prompt's digit."""
     video_batch: int = 128
-    """Stage video: clips per step."""
-    video_noise: float = 0.5
-    """Stage video: share of training frames that show a random other digit than the count's: the shipped video
-    model draws the asked-for digit on only part of its frames."""
+    """Stages video_teacher and video: clips per step."""
     video_lr: float = 1e-3
-    """Stage video: peak learning rate (one cycle)."""
+    """Stage video_teacher: peak learning rate (one cycle)."""
+    video_noisy_steps: int = 400
+    """Stage video: steps from the video teacher with `video_noise` of the clips' prompts replaced by random ones, at
+    `noisy_lr` and EMA `noisy_ema`, the text encoder frozen (the text-to-image base's recipe): the shipped video
+    model draws one digit per clip, the asked-for one only part of the time."""
+    video_noise: float = 0.6
+    """Stage video: share of clips whose prompt is replaced by a random one."""
     video_eval_seeds: int = 8
-    """Stage video: seeds per digit in each evaluation (10 x this many clips)."""
+    """Stages video_teacher and video: seeds per digit in each evaluation (10 x this many clips)."""
 
 
 def stored_images(path: str | Path) -> torch.Tensor:
@@ -482,7 +488,7 @@ def train_edit(config: PretrainConfig, base: GlyphsPolicy, out: Path, device: to
 @torch.no_grad()
 def evaluate_video(policy: GlyphsVideoPolicy, out: Path, device: torch.device, seeds: int = 8) -> dict[str, float]:
     """ODE samples of the 10 digits x `seeds`: the reward's mean, the gold judge's per-frame accuracy, its share of
-    frames that are no digit and of clips read right on every frame."""
+    frames that are no digit, of clips read right on every frame and of clips showing one digit on every frame."""
     prompts = [p for p in PROMPT_SETS["digits"] for _ in range(seeds)]
     generators = [torch.Generator().manual_seed(1000 + i % seeds) for i in range(len(prompts))]
     x = sample(policy.velocity, generators, policy.latent_shape(SIZE, SIZE), policy.schedule(10, SIZE, SIZE),
@@ -491,50 +497,81 @@ def evaluate_video(policy: GlyphsVideoPolicy, out: Path, device: torch.device, s
     gold = glyph_video_gold(videos, prompts, meta, str(out / "gold"))
     return {"reward": sum(glyph_video(videos, prompts, meta, str(out / "recognizer"))) / len(prompts),
             "gold_accuracy": sum(gold) / len(prompts),
-            **{k: sum(i[k] for i in gold.info) / len(prompts) for k in ("not_a_digit", "clip")}}  # fmt: skip
+            **{k: sum(i[k] for i in gold.info) / len(prompts) for k in ("not_a_digit", "clip", "steady")}}  # fmt: skip
 
 
-def train_video(config: PretrainConfig, out: Path, device: torch.device) -> tuple[GlyphsVideoPolicy, list[dict]]:
-    """The glyphs video model (`video.video_transformer`, its own `CharEncoder`): rectified flow on clips of
-    `FRAMES` frames of the prompt's digit, each clip in one of the renderer's styles shared by its frames
-    (`data.variants`), each frame showing a random other digit with probability `video_noise`; logit-normal t,
-    10% empty prompts, one-cycle learning rate, an EMA of the weights (decay 0.995)."""
-    torch.manual_seed(config.seed + 6)
-    policy = GlyphsVideoPolicy(video_transformer().to(device), CharEncoder().to(device))
+def video_flow(
+    config: PretrainConfig,
+    policy: GlyphsVideoPolicy,
+    steps: int,
+    label_noise: float,
+    ema_decay: float,
+    lr: float,
+    one_cycle: bool,
+    out: Path,
+    device: torch.device,
+    seed: int,
+) -> tuple[GlyphsVideoPolicy, list[dict]]:
+    """Rectified flow on clips of `FRAMES` frames of one digit, in one of the renderer's styles shared by its frames
+    (`data.variants`); a share `label_noise` of the clips' prompts replaced by random ones; logit-normal t, 10% empty
+    prompts; trains what requires grad. Returns the EMA of the weights (`ema_decay`) and its evaluations every
+    `eval_every` steps (saved under `config.snapshots` too when set)."""
     ema = GlyphsVideoPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
     modules = (policy.transformer, policy.text_encoder)
-    params = [p for m in modules for p in m.parameters()]
-    ema_params = [p for m in (ema.transformer, ema.text_encoder) for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=config.video_lr, weight_decay=0.0)
-    sched = _one_cycle(opt, config.video_lr, config.video_steps)
+    pairs = [(p, q) for m, e in zip(modules, (ema.transformer, ema.text_encoder))
+             for p, q in zip(m.parameters(), e.parameters()) if p.requires_grad]  # fmt: skip
+    params, ema_params = [p for p, _ in pairs], [q for _, q in pairs]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = _one_cycle(opt, lr, steps) if one_cycle else None
     frames = torch.stack([variants(c) for c in CHARSET]).to(device)  # (digit, style, 1, SIZE, SIZE)
-    g = torch.Generator().manual_seed(config.seed + 7)
+    g = torch.Generator().manual_seed(seed)
     history, batch = [], config.video_batch
-    bar = tqdm(range(1, config.video_steps + 1), desc="video model", dynamic_ncols=True, mininterval=5)
+    bar = tqdm(range(1, steps + 1), desc="video model", dynamic_ncols=True, mininterval=5)
     for step in bar:
-        start = torch.randint(0, len(CHARSET), (batch,), generator=g)
-        style = torch.randint(0, frames.shape[1], (batch, 1), generator=g)
-        digits = start[:, None].expand(-1, FRAMES)
-        other = (digits + torch.randint(1, len(CHARSET), digits.shape, generator=g)) % len(CHARSET)
-        shown = torch.where(torch.rand(digits.shape, generator=g) < config.video_noise, other, digits)
-        x0 = frames[shown.to(device), style.to(device)].transpose(1, 2)  # (B, 1, FRAMES, SIZE, SIZE)
+        digit = torch.randint(0, len(CHARSET), (batch,), generator=g)
+        style = torch.randint(0, frames.shape[1], (batch,), generator=g)
+        x0 = frames[digit.to(device), style.to(device)][:, :, None].expand(-1, -1, FRAMES, -1, -1)  # (B, 1, F, H, W)
+        said = torch.where(torch.rand(batch, generator=g) < label_noise,
+                           torch.randint(0, len(CHARSET), (batch,), generator=g), digit)  # fmt: skip
         keep = (torch.rand(batch, generator=g) > 0.1).tolist()
-        texts = [CHARSET[i] if k else "" for i, k in zip(start.tolist(), keep)]
+        texts = [CHARSET[i] if k else "" for i, k in zip(said.tolist(), keep)]
         noise = torch.randn(x0.shape, generator=g).to(device)
         sigma = torch.sigmoid(torch.randn(batch, generator=g)).to(device)  # logit-normal
         hidden, _ = policy.text_encoder(policy.text_encoder.tokenize(texts))
         v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden})
         loss = F.mse_loss(v, sde.velocity_target(x0, noise))
-        generator_step(loss, opt, sched, params, ema_params, 0.995)
+        generator_step(loss, opt, sched, params, ema_params, ema_decay)
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-        if step % config.eval_every == 0 or step == config.video_steps:
+        if step % config.eval_every == 0 or step == steps:
             quality = evaluate_video(ema, out, device, config.video_eval_seeds)
             history.append({"step": step, "loss": loss.item(), **quality})
             bar.write(
                 f"video step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
             )
+            if config.snapshots:
+                save_policy(ema, Path(config.snapshots) / f"video{'' if label_noise else '_teacher'}_{step:05d}")
     return ema, history
+
+
+def train_video_teacher(config: PretrainConfig, out: Path, device: torch.device
+                        ) -> tuple[GlyphsVideoPolicy, list[dict]]:  # fmt: skip
+    """The prompt-faithful video model (`video.video_transformer`, its own `CharEncoder`), as the text-to-image
+    teacher: `video_steps` on clean clips from scratch, one-cycle learning rate, EMA `ema`."""
+    torch.manual_seed(config.seed + 6)
+    policy = GlyphsVideoPolicy(video_transformer().to(device), CharEncoder().to(device))
+    return video_flow(config, policy, config.video_steps, 0.0, config.ema, config.video_lr, True, out, device,
+                      config.seed + 7)  # fmt: skip
+
+
+def train_video(config: PretrainConfig, teacher: GlyphsVideoPolicy, out: Path, device: torch.device
+                ) -> tuple[GlyphsVideoPolicy, list[dict]]:  # fmt: skip
+    """The shipped video model, as the text-to-image base: the video teacher fine-tuned for `video_noisy_steps` with
+    `video_noise` of its prompts replaced, at `noisy_lr` (constant) and EMA `noisy_ema`, the text encoder frozen."""
+    policy = GlyphsVideoPolicy(copy.deepcopy(teacher.transformer).requires_grad_(True),
+                               copy.deepcopy(teacher.text_encoder).requires_grad_(False))  # fmt: skip
+    return video_flow(config, policy, config.video_noisy_steps, config.video_noise, config.noisy_ema,
+                      config.noisy_lr, False, out, device, config.seed + 8)  # fmt: skip
 
 
 def fooling_runs(config: PretrainConfig, round_dir: Path) -> None:
@@ -659,9 +696,15 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
                                                          base.text_encoder.to(device)), out, device)  # fmt: skip
         save_policy(edit, out / "edit")
         lap(f"edit ({device.type})")
+    if "video_teacher" in config.stages:
+        teacher, report["video_teacher"] = train_video_teacher(config, out, device)
+        save_policy(teacher, out / "video_teacher")
+        lap(f"video_teacher ({device.type})")
     if "video" in config.stages:
-        video, report["video"] = train_video(config, out, device)
-        save_policy(video, out / "video")
+        teacher = load_video(ModelConfig(path=str(out / "video_teacher")))
+        teacher.transformer.to(device)
+        video_model, report["video"] = train_video(config, teacher.to(device), out, device)
+        save_policy(video_model, out / "video")
         lap(f"video ({device.type})")
     report["seconds"]["total"] = round(sum(v for k, v in report["seconds"].items() if k != "total"), 1)
     (out / "pretrain.json").write_text(json.dumps(report, indent=2))

@@ -1,11 +1,15 @@
 """The glyphs video task: a tiny text-to-video model draws a short clip of the digit it is asked for on every frame.
 
 The network is diffusers' real `WanTransformer3DModel` with a tiny config, on 1-channel pixel videos of
-`FRAMES` frames of 32x32 (patch 1x2x2: 1024 tokens), with the world's character encoder, so the video path (Wan's
-3D attention, its rotary positions over frames, height and width, and sequence parallelism) runs on a CPU. Its
-weights ship in `assets/video/` (stage `video` of `omnialign prepare glyphs`): trained on clips drawn in one
-style each (font size, stroke and offset shared by the frames) where each frame shows a random other digit half
-of the time, so that it draws the asked-for digit on only part of its frames and RL has something to teach.
+`FRAMES` frames of 32x32 (patch 1x4x4: 256 tokens; the weights shipped before 2026-12-02 use 1x2x2, 1024 tokens,
+and their config says so), with the world's character encoder, so the video path (Wan's 3D attention, its rotary
+positions over frames, height and width, and sequence parallelism) runs on a CPU. Its weights ship in
+`assets/video/` (stage `video` of `omnialign prepare glyphs`), made as the text-to-image base: first trained on
+clean clips of the prompt's digit drawn in one style each (font size, stroke and offset shared by the frames), then
+briefly with a share of the prompts replaced by random ones, so that it draws one digit per clip but the asked-for
+one only part of the time, and RL has something to teach. (The weights shipped before 2026-12-02 were trained once,
+from scratch, with each frame showing a random other digit half of the time: 17% of frames right, and clips that
+change digit from frame to frame.)
 
 Why not a count across frames ("3456")? Wan's only positions are rotary, relative ones: a token cannot tell which
 frame of the clip it is in, so the real Wan network cannot learn which digit of a count belongs to its frame (a
@@ -33,11 +37,12 @@ VIDEO = ASSETS / "video"
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
 
 
-def video_transformer(dim: int = 64, layers: int = 4, heads: int = 2) -> WanTransformer3DModel:
-    """The glyphs video generator: Wan's DiT on 1-channel 32x32 frames, patch 1x2x2, the char encoder's width."""
-    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=dim // heads,
-                                 in_channels=1, out_channels=1, text_dim=64, freq_dim=64, ffn_dim=4 * dim,
-                                 num_layers=layers, rope_max_seq_len=64)  # fmt: skip
+def video_transformer(dim: int = 64, layers: int = 4, heads: int = 2, patch: int = 4) -> WanTransformer3DModel:
+    """The glyphs video generator: Wan's DiT on 1-channel 32x32 frames, patch 1 x `patch` x `patch`, the char
+    encoder's width."""
+    return WanTransformer3DModel(patch_size=(1, patch, patch), num_attention_heads=heads,
+                                 attention_head_dim=dim // heads, in_channels=1, out_channels=1, text_dim=64,
+                                 freq_dim=64, ffn_dim=4 * dim, num_layers=layers, rope_max_seq_len=64)  # fmt: skip
 
 
 class GlyphsVideoPolicy(GlyphsPolicy):
@@ -66,7 +71,9 @@ def load(config: ModelConfig | None = None) -> GlyphsVideoPolicy:
     config = config or ModelConfig()
     root = Path(config.path) if config.path else VIDEO
     if not (root / "transformer").is_dir():
-        raise FileNotFoundError(f"no glyphs video model at {root}: run `omnialign prepare glyphs --stages video`")
+        raise FileNotFoundError(
+            f"no glyphs video model at {root}: run `omnialign prepare glyphs --stages video_teacher video`"
+        )
     transformer = WanTransformer3DModel.from_pretrained(root / "transformer", torch_dtype=getattr(torch, config.dtype))
     if config.transformer_only:
         return GlyphsVideoPolicy(transformer, None, shift=config.shift or 1.0)
