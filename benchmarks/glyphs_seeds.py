@@ -170,14 +170,15 @@ def main() -> None:
         args.into.write_text(json.dumps({**merged, **table}, indent=1))
     print(
         "| recipe | seeds | gold base | gold final | reward final | not a digit | diversity | collapsed | "
-        "steps to gold 0.9 | step s alone | GPU s to gold 0.9 |"
+        "steps to gold 0.9 | images to gold 0.9 | step s alone | GPU s to gold 0.9 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for recipe, e in table.items():
         print(f"| {recipe} | {len(e['seeds'])} | {e['gold_base']:.3f} | {spread(e['gold_final'])} | "
               f"{spread(e['reward_final'])} | {spread(e['not_a_digit_final'])} | "
               f"{spread(e.get('diversity_final', [None]))} | {e['collapsed']} | "
-              f"{spread(e['steps_to_gold_0.9'])} | {e.get('step_seconds_alone', '')} | "
+              f"{spread(e['steps_to_gold_0.9'])} | {spread(e['images_to_gold_0.9'])} | "
+              f"{e.get('step_seconds_alone', '')} | "
               f"{spread(e.get('gpu_seconds_to_gold_0.9', [None]))} |")  # fmt: skip
 
 
