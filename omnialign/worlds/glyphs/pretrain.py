@@ -146,10 +146,12 @@ class PretrainConfig:
     video_steps: int = 8000
     """Stage video_teacher: steps of the glyphs video model from scratch (with its own text encoder) on clean clips,
     every frame the prompt's digit."""
-    video_batch: int = 128
-    """Stages video_teacher and video: clips per step."""
+    video_batch: int = 256
+    """Stages video_teacher and video: clips per step (the text-to-image teacher's batch)."""
     video_lr: float = 1e-3
     """Stage video_teacher: peak learning rate (one cycle)."""
+    video_patch: int = 4
+    """Stage video_teacher: the video model's patch, 1 x this x this pixels (4: 256 tokens a clip; 2: 1024)."""
     video_noisy_steps: int = 400
     """Stage video: steps from the video teacher with `video_noise` of the clips' prompts replaced by random ones, at
     `noisy_lr` and EMA `noisy_ema`, the text encoder frozen (the text-to-image base's recipe): the shipped video
@@ -559,7 +561,7 @@ def train_video_teacher(config: PretrainConfig, out: Path, device: torch.device
     """The prompt-faithful video model (`video.video_transformer`, its own `CharEncoder`), as the text-to-image
     teacher: `video_steps` on clean clips from scratch, one-cycle learning rate, EMA `ema`."""
     torch.manual_seed(config.seed + 6)
-    policy = GlyphsVideoPolicy(video_transformer().to(device), CharEncoder().to(device))
+    policy = GlyphsVideoPolicy(video_transformer(patch=config.video_patch).to(device), CharEncoder().to(device))
     return video_flow(config, policy, config.video_steps, 0.0, config.ema, config.video_lr, True, out, device,
                       config.seed + 7)  # fmt: skip
 
