@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDict
 
 from omnialign.bench.language import language_trainer
-from omnialign.bench.models import wan_tokens
+from omnialign.bench.models import SD35, wan_tokens
 from omnialign.bench.recipe import recipe_trainer
 from omnialign.config import apply_overrides, training_batch, validate
 from omnialign.engine import dist, optim
@@ -249,13 +249,6 @@ def test_ltx2_flowgrpo_lora_at_full_size(tmp_path):
         metrics = trainer.train_step(1)
     assert_stepped(trainer.policy.transformer, before, metrics)
     assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
-
-
-SD35 = {  # the released transformer configs
-    "medium": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=384,
-                   dual_attention_layers=tuple(range(13))),
-    "large": dict(num_layers=38, num_attention_heads=38, caption_projection_dim=2432, pos_embed_max_size=192),
-}  # fmt: skip
 
 
 @pytest.mark.parametrize("size", SD35)

@@ -1,5 +1,5 @@
 """The benchmarks' full-size pipelines with random weights, built in memory (Qwen-Image and Qwen-Image-Edit, FLUX.1,
-FLUX.2, Wan, Z-Image, LTX-2, the Qwen3-Omni thinker and Qwen3), and the transformer FLOP counts behind the recipe
+FLUX.2, SD3.5, Wan, Z-Image, LTX-2, the Qwen3-Omni thinker and Qwen3), and the transformer FLOP counts behind the recipe
 bench's MFU."""
 
 import math
@@ -16,6 +16,7 @@ from omnialign.models.flux import GUIDANCE, PREFERRED_KONTEXT_RESOLUTIONS, FluxP
 from omnialign.models.flux2 import Flux2Policy
 from omnialign.models.ltx2 import LTX2Policy
 from omnialign.models.qwen_image import QwenImagePolicy
+from omnialign.models.sd3 import SD3Policy
 from omnialign.models.wan import MAX_SEQUENCE_LENGTH, WanPolicy
 from omnialign.models.zimage import ZImagePolicy
 
@@ -99,6 +100,57 @@ def full_flux(device: torch.device, text_tokens: int, model: ModelConfig) -> Flu
                       edits=model.arch == "flux_kontext",
                       source_resolutions=PREFERRED_KONTEXT_RESOLUTIONS if model.source_resize else None,
                       max_sequence_length=text_tokens)  # fmt: skip
+
+
+# The released SD3.5 transformers by the folder name of a recipe's model.path (as tests/test_gpu.py builds them).
+SD35 = {
+    "stable-diffusion-3.5-medium": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536,
+                                        pos_embed_max_size=384, dual_attention_layers=tuple(range(13))),
+    "stable-diffusion-3.5-large": dict(num_layers=38, num_attention_heads=38, caption_projection_dim=2432,
+                                       pos_embed_max_size=192),
+}  # fmt: skip
+
+
+def full_sd3(device: torch.device, model: ModelConfig) -> SD3Policy:
+    """The SD3.5 pipeline named by `model.path`'s folder (a key of `SD35`: medium 2.5 B, large 8.1 B) at its released
+    sizes with random weights, built on `device` in bf16: the transformer, CLIP-L, CLIP-G and T5-XXL's encoder, the
+    VAE. The tiny byte-level CLIP and character-level T5 tokenizers stand in (the prompts are synthetic)."""
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    from omnialign.models.tiny import clip_tokenizer, t5_tokenizer
+
+    size = SD35[Path(model.path).name]
+    tokenizers = (clip_tokenizer(), clip_tokenizer(pad_token="!"), t5_tokenizer())
+
+    def clip(tokenizer, hidden: int, layers: int, heads: int, act: str) -> CLIPTextConfig:
+        return CLIPTextConfig(vocab_size=49408, hidden_size=hidden, intermediate_size=4 * hidden,
+                              num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=77,
+                              hidden_act=act, projection_dim=hidden, bos_token_id=tokenizer.bos_token_id,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+
+    t5 = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                  feed_forward_proj="gated-gelu", decoder_start_token_id=0)  # fmt: skip
+    with built_on(device, torch.bfloat16):
+        transformer = SD3Transformer2DModel(sample_size=128, patch_size=2, in_channels=16, out_channels=16,
+                                            attention_head_dim=64, joint_attention_dim=4096,
+                                            pooled_projection_dim=2048, qk_norm="rms_norm", **size)  # fmt: skip
+        encoders = (CLIPTextModelWithProjection(clip(tokenizers[0], 768, 12, 12, "quick_gelu")),
+                    CLIPTextModelWithProjection(clip(tokenizers[1], 1280, 32, 20, "gelu")),
+                    T5EncoderModel(t5))  # fmt: skip
+        vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                            block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=16,
+                            sample_size=1024, use_quant_conv=False, use_post_quant_conv=False,
+                            scaling_factor=1.5305, shift_factor=0.0609)  # fmt: skip
+    encoders = tuple(e.requires_grad_(False).eval() for e in encoders)
+    return SD3Policy(
+        transformer,
+        vae.requires_grad_(False).eval(),
+        encoders,
+        tokenizers,
+        shift=model.shift or 3.0,
+        max_sequence_length=model.text_tokens or 256,
+    )
 
 
 # The released Wan transformers by the folder name of a recipe's model.path (diffusers' defaults are the 14B's:

@@ -21,6 +21,9 @@ experts), the UMT5-XXL encoder and the Wan 2.1 VAE, random bf16 weights, at the 
 `--set model.frames=33`); the stand-in reward scores every frame (`reward.per_frame`) and a row counts videos
 (`videos_per_gpu_s`). MFU counts the video tokens (latent frames x H/16 x W/16: 32760 at 832x480x81) in
 self-attention and the MLP and the 512 text tokens in cross-attention (`wan_flops`).
+SD3.5 recipes (`model.arch=sd3`, `full_sd3`) run on SD3.5 medium (2.5 B: 24 MM-DiT blocks of 1536, the first 13 with
+MMDiT-X's second attention) or large (8.1 B: 38 of 2432) by `model.path`'s folder name, with CLIP-L, CLIP-G, T5-XXL's
+encoder and the SD3 VAE, random bf16 weights; MFU counts the image tokens and CLIP's 77 + T5's text tokens.
 Z-Image recipes (`model.arch=zimage`, `full_zimage`) run on Z-Image or Z-Image-Turbo (by `model.path`'s folder name)
 at the released sizes (transformer 6.15 B: 30 single-stream layers of 3840 and 2 noise and 2 context refiners;
 Qwen3-4B; FLUX.1's VAE; random bf16 weights); MFU counts the image tokens and the prompts' own caption tokens (Z-Image
@@ -55,6 +58,7 @@ from omnialign.bench.models import (
     full_flux2,
     full_ltx2,
     full_qwen_image,
+    full_sd3,
     full_wan,
     full_zimage,
     ltx2_flops,
@@ -65,7 +69,7 @@ from omnialign.bench.models import (
     zimage_flops,
     zimage_tokens,
 )
-from omnialign.config import VIDEO_ARCHS
+from omnialign.config import VIDEO_ARCHS, branch_steps, images_per_sample, tree_rows, tree_widths
 from omnialign.engine import dist
 
 OCR_PROMPTS = [f'A storefront sign that says "{w}"' for w in
@@ -97,8 +101,8 @@ def write_bench_prompts(path: Path, edits: bool, height: int, width: int) -> Non
 
 @contextmanager
 def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: list[str] = ()) -> Iterator:
-    """The `OnlineTrainer` of a Qwen-Image, FLUX.1, FLUX.2, Z-Image, Wan or LTX-2 recipe with `prompts` prompts per GPU
-    on the full-size random pipeline (or the tiny one), its reward worker running; see the module docstring."""
+    """The `OnlineTrainer` of a Qwen-Image, FLUX.1, FLUX.2, SD3.5, Z-Image, Wan or LTX-2 recipe with `prompts` prompts
+    per GPU on the full-size random pipeline (or the tiny one), its reward worker running; see the module docstring."""
     from omnialign import rewards
     from omnialign.config import apply_overrides, validate
     from omnialign.engine import optim
@@ -113,12 +117,15 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
     base = RECIPES[recipe]()
     video = base.model.arch in VIDEO_ARCHS
     overrides = [f"data.prompts={work / 'prompts.parquet'}", f"data.val_prompts={work / 'prompts.parquet'}",
-                 f"data.prompts_per_step={prompts * world.size}",
-                 'reward.weights={"jpeg_compressibility": 1.0}', f"model.text_tokens={base.model.text_tokens or 128}",
+                 f"data.prompts_per_step={prompts * world.size}", 'reward.weights={"jpeg_compressibility": 1.0}',
+                 "reward.options={}", f"model.text_tokens={base.model.text_tokens or 128}",
                  "trainer.progress=false", f"trainer.output_dir={work}",
                  "actor.mini_batch_size=none"]  # fmt: skip
     if video:  # the stand-in scores every frame
         overrides.append('reward.per_frame={"jpeg_compressibility": "mean"}')
+    if base.algorithm.name == "gardo":  # its uncertainty needs an auxiliary reward: a second CPU stand-in, weight 0
+        overrides += ['reward.weights={"jpeg_compressibility": 1.0, "jpeg_incompressibility": 0.0}',
+                      'algorithm.gardo_auxiliary=["jpeg_incompressibility"]']  # fmt: skip
     if tiny:
         overrides += ["model.dtype=float32", "rollout.height=32", "rollout.width=32", "rollout.n=4",
                       "rollout.micro_batch_size=4", "actor.micro_batch_size=2",
@@ -134,6 +141,7 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
                             config.rollout.height, config.rollout.width)  # fmt: skip
         if tiny:
             {"qwen_image": tiny_models.qwen_image, "flux": tiny_models.flux, "flux_kontext": tiny_models.flux_kontext,
+             "sd3": tiny_models.sd3,
              "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True),
              "wan": tiny_models.wan, "zimage": tiny_models.zimage, "flux2": tiny_models.flux2,
              "flux2_klein": tiny_models.flux2_klein, "ltx2": tiny_models.ltx2}[arch](work / "tiny")  # fmt: skip
@@ -145,6 +153,8 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
         policy = full_flux(world.device, config.model.text_tokens, config.model)
     elif arch in ("flux2", "flux2_klein"):
         policy = full_flux2(world.device, config.model.text_tokens, config.model)
+    elif arch == "sd3":
+        policy = full_sd3(world.device, config.model)
     elif arch == "wan":
         policy = full_wan(world.device, config.model)
     elif arch == "zimage":
@@ -196,9 +206,11 @@ def bench_recipe(
 
 
 def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, world) -> dict:
-    """images (videos for Wan)/GPU/s, phase seconds, peak memory and MFU of one measured step."""
+    """images (videos for Wan)/GPU/s, phase seconds, peak memory and MFU of one measured step. Rollout and training
+    forwards are counted per image (a TempFlow-GRPO trunk's or BranchGRPO tree's share over its images)."""
     r, a = config.rollout, config.algorithm
-    images = config.data.prompts_per_step * r.n // world.size
+    per = images_per_sample(config)  # a TempFlow-GRPO trunk's or a BranchGRPO tree's images
+    images = config.data.prompts_per_step * r.n * per // world.size
     seconds = sum(phases.values())
     tc = policy.transformer.config
     text_tokens = config.model.text_tokens or 512
@@ -209,6 +221,9 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
         forward = zimage_flops(policy, *zimage_tokens(policy, r.height, r.width, OCR_PROMPTS))
     elif config.model.arch in ("flux2", "flux2_klein"):
         forward = flux2_flops(policy, r.height, r.width, text_tokens)
+    elif config.model.arch == "sd3":  # MM-DiT over (H/16)(W/16) image tokens and CLIP's 77 + T5's text tokens
+        forward = transformer_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim,
+                                    (r.height // 16) * (r.width // 16), 77 + text_tokens)  # fmt: skip
     elif config.model.arch == "ltx2":
         f, h, w = policy.video_grid(r.height, r.width)
         forward = ltx2_flops(tc.num_layers, tc.num_attention_heads * tc.attention_head_dim,
@@ -234,6 +249,14 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     elif a.name == "dgpo":  # policy and reference forwards before the update (the KL reuses the latter), then v
         train = a.dgpo_timesteps * (2 + (1 + backward))
         rollout_fwd = r.steps * cfg
+    elif a.name == "tempflow":  # a trunk runs to its last branch step, each branch on to the end; a leaf trains one
+        steps = branch_steps(r)
+        rollout_fwd = (max(steps) + 1 + r.branches * sum(r.steps - k - 1 for k in steps)) * cfg / per
+        train = cfg * (1 + backward) + (cfg if a.kl_coef > 0 else 0)
+    elif a.name == "branchgrpo":  # each node of a tree one forward (its children share it); each kept edge trains
+        widths = tree_widths(r)
+        rollout_fwd = sum([1, *widths[:-1]]) * cfg / per
+        train = tree_rows(config) / per * (cfg * (1 + backward) + (cfg if a.kl_coef > 0 else 0))
     elif a.name == "online_dpo":
         train = 2 * (1 + backward) / r.n * 2  # two pair members per prompt, policy + reference
         rollout_fwd = r.steps * cfg
