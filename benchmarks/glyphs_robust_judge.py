@@ -5,7 +5,7 @@ measured by `benchmarks/glyphs_judges.py OUT --min-prob 0 0.5 0.7 0.9`, not ship
 
     python benchmarks/glyphs_robust_judge.py OUT [--steps 300] [--eps 1.0] [--pgd 3] [--device cuda]
 
-The batches are stage gold's (`pretrain.train_gold`: 60% augmented digits, half of them bold or hazy first, 40%
+The batches are stage gold's (`pretrain.gold_batch`: 60% augmented digits, half of them bold or hazy first, 40%
 negatives, a quarter of those the saved RL hacks); images are in [-1, 1] (32x32), so EPS 1.0 moves the pixels by
 0.03 RMS.
 """
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from omnialign.worlds.glyphs.data import ASSETS, PROMPT_SETS, bank
-from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
-from omnialign.worlds.glyphs.pretrain import digit_batch, fit, negative_pool, pick, pick_device, stored_images
+from omnialign.worlds.glyphs.gold import GoldJudge
+from omnialign.worlds.glyphs.pretrain import fit, gold_batch, negative_pool, pick_device, stored_images
 
 
 def attack(model: GoldJudge, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int) -> torch.Tensor:
@@ -51,9 +51,7 @@ def main() -> None:
     model = GoldJudge.from_pretrained(ASSETS / "gold").to(device).train()
 
     def loss() -> torch.Tensor:
-        pos, labels = digit_batch(digits, 154, g, varied=0.5)
-        x = torch.cat([pos, pick(pool, 76, g, 0.5), pick(hard, 26, g, 0.3)])
-        y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT, device=device)])
+        x, y = gold_batch(digits, pool, hard, g)
         model.eval()  # the attack sees fixed batch-norm statistics
         adv = attack(model, x, y, args.eps, args.pgd)
         model.train()

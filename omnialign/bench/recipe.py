@@ -240,6 +240,7 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
                                     text_tokens)  # fmt: skip
     cfg = 2 if r.guidance != 1.0 or r.guidance_2 not in (None, 1.0) else 1
     backward = 1 if config.model.lora.rank else 2
+    transition = cfg * (1 + backward) + (cfg if a.kl_coef > 0 else 0)  # one trained transition, with its KL
     if a.name == "nft":
         train = a.nft_timesteps * (3 + backward)  # v, v_old, v_ref forwards + backward of v
         rollout_fwd = r.steps
@@ -252,16 +253,16 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     elif a.name == "tempflow":  # a trunk runs to its last branch step, each branch on to the end; a leaf trains one
         steps = branch_steps(r)
         rollout_fwd = (max(steps) + 1 + r.branches * sum(r.steps - k - 1 for k in steps)) * cfg / per
-        train = cfg * (1 + backward) + (cfg if a.kl_coef > 0 else 0)
+        train = transition
     elif a.name == "branchgrpo":  # each node of a tree one forward (its children share it); each kept edge trains
         widths = tree_widths(r)
         rollout_fwd = sum([1, *widths[:-1]]) * cfg / per
-        train = tree_rows(config) / per * (cfg * (1 + backward) + (cfg if a.kl_coef > 0 else 0))
+        train = tree_rows(config) / per * transition
     elif a.name == "online_dpo":
         train = 2 * (1 + backward) / r.n * 2  # two pair members per prompt, policy + reference
         rollout_fwd = r.steps * cfg
     else:
-        train = r.window_size * cfg * (1 + backward) + (r.window_size * cfg if a.kl_coef > 0 else 0)
+        train = r.window_size * transition
         rollout_fwd = r.steps * cfg
     flops = images * forward * (rollout_fwd + train)
     unit = "video" if config.model.arch in VIDEO_ARCHS else "image"

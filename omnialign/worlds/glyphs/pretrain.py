@@ -198,6 +198,17 @@ def digit_batch(
     return augment(x, g), index // (len(digits) // len(CHARSET))
 
 
+def gold_batch(
+    digits: torch.Tensor, pool: torch.Tensor, hard: torch.Tensor | None, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of stage gold, images and labels: 154 augmented digits of the bank `digits` (half of them bold or
+    hazy first) and 102 negatives (class 10) from `pool`, 26 of them from `hard` when given."""
+    n_hard = 0 if hard is None else 26
+    pos, labels = digit_batch(digits, 154, g, varied=0.5)
+    parts = [pos, pick(pool, 102 - n_hard, g, 0.5)] + ([pick(hard, n_hard, g, 0.3)] if n_hard else [])
+    return torch.cat(parts), torch.cat([labels, torch.full((102,), NOT_A_DIGIT, device=digits.device)])
+
+
 def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: GoldJudge | None = None,
                hard: torch.Tensor | None = None, lr: float = 2e-3) -> GoldJudge:  # fmt: skip
     """Train a new gold judge (or fine-tune `model`): 60% augmented digits (half of them bold or hazy first),
@@ -207,13 +218,11 @@ def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: 
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
     pool = negative_pool(min(50_000, 200 * steps), config.seed + 12, device)  # drawn once, reused
     model = (model or GoldJudge()).to(device).train()
-    n_hard = 0 if hard is None else 26
+    hard = None if hard is None else hard.to(device)
 
     def loss() -> torch.Tensor:
-        pos, labels = digit_batch(digits, 154, g, varied=0.5)
-        parts = [pos, pick(pool, 102 - n_hard, g, 0.5)] + ([pick(hard.to(device), n_hard, g, 0.3)] if n_hard else [])
-        y = torch.cat([labels, torch.full((102,), NOT_A_DIGIT, device=device)])
-        return F.cross_entropy(model(torch.cat(parts)), y, label_smoothing=0.05)
+        x, y = gold_batch(digits, pool, hard, g)
+        return F.cross_entropy(model(x), y, label_smoothing=0.05)
 
     return fit(model, loss, steps, lr, "gold judge")
 
@@ -349,6 +358,18 @@ def generator_step(
         torch._foreach_lerp_(ema_params, params, 1 - decay)
 
 
+def flow_training(policy: GlyphsPolicy, steps: int, lr: float, one_cycle: bool) -> tuple:
+    """What a generator's flow training steps: an EMA copy of the policy (same class), the trained parameters (those
+    that require grad) and their EMA twins, AdamW, and a one-cycle schedule or None (a constant rate)."""
+    ema = type(policy)(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
+    modules = (policy.transformer, policy.text_encoder)
+    pairs = [(p, q) for m, e in zip(modules, (ema.transformer, ema.text_encoder))
+             for p, q in zip(m.parameters(), e.parameters()) if p.requires_grad]  # fmt: skip
+    params, ema_params = [p for p, _ in pairs], [q for _, q in pairs]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    return ema, params, ema_params, opt, _one_cycle(opt, lr, steps) if one_cycle else None
+
+
 def train_flow(
     config: PretrainConfig,
     policy: GlyphsPolicy,
@@ -365,13 +386,7 @@ def train_flow(
     """Rectified flow on the renderer's images of the prompt set (logit-normal t, 10% empty prompts),
     a share `label_noise` of the prompts replaced by random ones; trains what requires grad. Returns
     the EMA of the weights (decay `ema_decay`) and its evaluations every `eval_every` steps."""
-    ema = GlyphsPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
-    modules = (policy.transformer, policy.text_encoder)
-    pairs = [(p, q) for m, e in zip(modules, (ema.transformer, ema.text_encoder))
-             for p, q in zip(m.parameters(), e.parameters()) if p.requires_grad]  # fmt: skip
-    params, ema_params = [p for p, _ in pairs], [q for _, q in pairs]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = _one_cycle(opt, lr, steps) if one_cycle else None
+    ema, params, ema_params, opt, sched = flow_training(policy, steps, lr, one_cycle)
     prompts = PROMPT_SETS[config.prompt_set]
     images, which = bank(prompts)
     images, which = images.to(device), which.to(device)
@@ -401,8 +416,7 @@ def train_flow(
                 f"generator step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
             )
             if config.snapshots:
-                ema.transformer.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "transformer")
-                ema.text_encoder.save_pretrained(Path(config.snapshots) / f"step_{step:05d}" / "text_encoder")
+                save_policy(ema, Path(config.snapshots) / f"step_{step:05d}")
     return ema, history
 
 
@@ -518,13 +532,7 @@ def video_flow(
     (`data.variants`); a share `label_noise` of the clips' prompts replaced by random ones; logit-normal t, 10% empty
     prompts; trains what requires grad. Returns the EMA of the weights (`ema_decay`) and its evaluations every
     `eval_every` steps (saved under `config.snapshots` too when set)."""
-    ema = GlyphsVideoPolicy(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
-    modules = (policy.transformer, policy.text_encoder)
-    pairs = [(p, q) for m, e in zip(modules, (ema.transformer, ema.text_encoder))
-             for p, q in zip(m.parameters(), e.parameters()) if p.requires_grad]  # fmt: skip
-    params, ema_params = [p for p, _ in pairs], [q for _, q in pairs]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = _one_cycle(opt, lr, steps) if one_cycle else None
+    ema, params, ema_params, opt, sched = flow_training(policy, steps, lr, one_cycle)
     frames = torch.stack([variants(c) for c in CHARSET]).to(device)  # (digit, style, 1, SIZE, SIZE)
     g = torch.Generator().manual_seed(seed)
     history, batch = [], config.video_batch
