@@ -7,7 +7,8 @@
 # video stage's model at each of its evaluations, to choose its steps), OUT/learning.txt and OUT/runs.tar (each
 # run's metrics.jsonl, summary.json and grids). Environment: ASSETS=DIR pretrains into DIR instead (its gold and
 # recognizer linked from the shipped ones), PATCH=2 the 1024-token model, LEARN=0 skips the learning checks (they
-# read the shipped assets), DEVICE=cpu a quick check of the script (with tiny step counts).
+# read the shipped assets), TEACHER_LIMIT and LEARN_LIMIT (seconds) bounds on the teacher stage and the checks,
+# DEVICE=cpu a quick check of the script (with tiny step counts).
 out=$(realpath -m $1); steps=${2:-8000}; noisy=${3:-400}
 mkdir -p $out
 shipped=omnialign/worlds/glyphs/assets
@@ -16,14 +17,23 @@ if [ "$assets" != "$shipped" ]; then
   mkdir -p $assets && for part in gold recognizer; do ln -sfn $(realpath $shipped/$part) $assets/$part; done
 fi
 prepare="${PYTHON:-python} -m omnialign prepare glyphs --out $assets --device ${DEVICE:-cuda}"
-{ $prepare --stages video_teacher --video-steps $steps --video-patch ${PATCH:-4} --eval-every 500 &&
-  $prepare --stages video --video-noisy-steps $noisy --eval-every 50 --snapshots $out/snap
-} > $out/pretrain_log.txt 2>&1 || { tail -30 $out/pretrain_log.txt; exit 1; }
+# the teacher stops after TEACHER_LIMIT seconds if set; its last snapshot then stands in for it
+timeout ${TEACHER_LIMIT:-0} $prepare --stages video_teacher --video-steps $steps --video-patch ${PATCH:-4} \
+  --eval-every 500 --snapshots $out/snap > $out/pretrain_log.txt 2>&1
+status=$?
+if [ $status = 124 ]; then
+  last=$(ls -d $out/snap/video_teacher_* | tail -1)
+  echo "video_teacher stopped at TEACHER_LIMIT=$TEACHER_LIMIT s; using $last" | tee -a $out/pretrain_log.txt
+  rm -rf $assets/video_teacher && cp -r $last $assets/video_teacher
+elif [ $status != 0 ]; then tail -30 $out/pretrain_log.txt; exit 1; fi
+$prepare --stages video --video-noisy-steps $noisy --eval-every 50 --snapshots $out/snap >> $out/pretrain_log.txt 2>&1 \
+  || { tail -30 $out/pretrain_log.txt; exit 1; }
 grep -o "video step.*" $out/pretrain_log.txt
 tar -C $assets -cf $out/video_assets.tar video_teacher video pretrain.json
-tar -C $out/snap -cf $out/snapshots.tar . && rm -r $out/snap
+# the video stage's snapshots and the teacher's last four (each about 1.4 MB)
+(cd $out/snap && tar -cf $out/snapshots.tar video_0* $(ls -d video_teacher_* | tail -4)) && rm -r $out/snap
 [ "${LEARN:-1}" = 0 ] && exit 0
-${PYTHON:-python} -m pytest --runslow -q -p no:cacheprovider tests/test_learning.py -k video -n 7 \
+timeout ${LEARN_LIMIT:-0} ${PYTHON:-python} -m pytest --runslow -q -p no:cacheprovider tests/test_learning.py -k video -n 7 \
   --basetemp=/tmp/video_runs > $out/learning.txt 2>&1
 grep -E "passed|failed|AssertionError|^FAILED" $out/learning.txt | tail -12
 # one flat tar (the device returns no deep folders): each run's metrics.jsonl, summary.json and grids
