@@ -264,6 +264,7 @@ def parser() -> argparse.ArgumentParser:
     for name in ("label-noise", "edit-copy", "edit-lr", "video-noise", "video-lr"):
         pr.add_argument(f"--{name}", type=float)
     pr.add_argument("--gold-init", help="stage gold: fine-tune this gold judge folder instead of training a new one")
+    pr.add_argument("--video-init", help="stage video_teacher: continue this video model folder, not from scratch")
     pr.add_argument(
         "--rl-negatives", help="uint8 images (N, 1, 32, 32) a person judged not digits (stage rl_negatives)"
     )

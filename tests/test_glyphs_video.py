@@ -87,6 +87,23 @@ def test_prepare_video_stage_writes_a_loadable_model(tmp_path):
     assert policy.encode_prompts(["3"])["hidden"].shape == (1, 4, 64)
 
 
+def test_video_teacher_stage_continues_a_saved_model(tmp_path):
+    """--video-init: the teacher stage starts from the saved video model (its patch too), not from scratch; at a
+    vanishing learning rate the written model is the one it started from."""
+    for part in ("gold", "recognizer"):
+        (tmp_path / part).symlink_to(video.ASSETS / part)
+    init = video.ASSETS / "video_teacher"
+    config = PretrainConfig(out=str(tmp_path), device="cpu", video_steps=1, video_batch=2, video_lr=1e-12,
+                            video_init=str(init), video_patch=2, eval_every=1, video_eval_seeds=1,
+                            stages=["video_teacher"])  # fmt: skip
+    prepare_glyphs(config)
+    before = video.load(ModelConfig(arch="glyphs_video", path=str(init)))
+    after = video.load(ModelConfig(arch="glyphs_video", path=str(tmp_path / "video_teacher")))
+    assert after.transformer.config.patch_size == before.transformer.config.patch_size
+    for a, b in zip(after.transformer.state_dict().values(), before.transformer.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
 def test_grid_shows_each_video_as_a_strip_of_frames(tmp_path):
     videos = torch.stack([clip("3333"), clip("35-3")])
     save_grid(videos, ["a", "b"], 2, tmp_path / "grid.png", scale=1)

@@ -150,6 +150,9 @@ class PretrainConfig:
     """Stages video_teacher and video: clips per step (the text-to-image teacher's batch)."""
     video_lr: float = 1e-3
     """Stage video_teacher: peak learning rate (one cycle)."""
+    video_init: str | None = None
+    """Stage video_teacher: continue this video model folder (its transformer and text encoder, patch as saved) for
+    `video_steps` on a fresh one-cycle schedule instead of starting from scratch."""
     video_patch: int = 4
     """Stage video_teacher: the video model's patch, 1 x this x this pixels (4: 256 tokens a clip; 2: 1024)."""
     video_noisy_steps: int = 400
@@ -567,9 +570,14 @@ def video_flow(
 def train_video_teacher(config: PretrainConfig, out: Path, device: torch.device
                         ) -> tuple[GlyphsVideoPolicy, list[dict]]:  # fmt: skip
     """The prompt-faithful video model (`video.video_transformer`, its own `CharEncoder`), as the text-to-image
-    teacher: `video_steps` on clean clips from scratch, one-cycle learning rate, EMA `ema`."""
+    teacher: `video_steps` on clean clips from scratch (or from `video_init`), one-cycle learning rate, EMA `ema`."""
     torch.manual_seed(config.seed + 6)
-    policy = GlyphsVideoPolicy(video_transformer(patch=config.video_patch).to(device), CharEncoder().to(device))
+    if config.video_init:
+        init = load_video(ModelConfig(path=config.video_init))
+        policy = GlyphsVideoPolicy(init.transformer.requires_grad_(True).train().to(device),
+                                   init.text_encoder.requires_grad_(True).train().to(device))  # fmt: skip
+    else:
+        policy = GlyphsVideoPolicy(video_transformer(patch=config.video_patch).to(device), CharEncoder().to(device))
     return video_flow(config, policy, config.video_steps, 0.0, config.ema, config.video_lr, True, out, device,
                       config.seed + 7)  # fmt: skip
 
