@@ -8,7 +8,8 @@
 # run's metrics.jsonl, summary.json and grids). Environment: ASSETS=DIR pretrains into DIR instead (its gold and
 # recognizer linked from the shipped ones), PATCH=2 the 1024-token model, LEARN=0 skips the learning checks (they
 # read the shipped assets), TEACHER_LIMIT and LEARN_LIMIT (seconds) bounds on the teacher stage and the checks,
-# DEVICE=cpu a quick check of the script (with tiny step counts).
+# TEACHER_ARGS more options for the teacher stage (e.g. "--video-init omnialign/worlds/glyphs/assets/video_teacher"
+# to continue the shipped teacher), DEVICE=cpu a quick check of the script (with tiny step counts).
 out=$(realpath -m $1); steps=${2:-8000}; noisy=${3:-400}
 mkdir -p $out
 shipped=omnialign/worlds/glyphs/assets
@@ -19,7 +20,7 @@ fi
 prepare="${PYTHON:-python} -m omnialign prepare glyphs --out $assets --device ${DEVICE:-cuda}"
 # the teacher stops after TEACHER_LIMIT seconds if set; its last snapshot then stands in for it
 timeout ${TEACHER_LIMIT:-0} $prepare --stages video_teacher --video-steps $steps --video-patch ${PATCH:-4} \
-  --eval-every 500 --snapshots $out/snap > $out/pretrain_log.txt 2>&1
+  --eval-every 500 --snapshots $out/snap $TEACHER_ARGS > $out/pretrain_log.txt 2>&1
 status=$?
 if [ $status = 124 ]; then
   last=$(ls -d $out/snap/video_teacher_* | tail -1)
