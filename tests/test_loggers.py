@@ -5,6 +5,7 @@ config, all in one tracker run."""
 import json
 import struct
 import sys
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -153,7 +154,11 @@ def test_trackers_log_what_metrics_jsonl_holds_and_resume_into_the_same_run(tmp_
     assert [r["step"] for r in records] == [0, 1, 2] and all("val/reward/mean" in r for r in records)
     saved = to_dict(config)
 
-    run_ids, rows, configs = read_wandb(run_dir)
+    for _ in range(60):  # wandb's service process can still be writing a segment's log when finish() has returned
+        run_ids, rows, configs = read_wandb(run_dir)
+        if len(configs) == 2 and 2 in rows:
+            break
+        time.sleep(0.5)
     assert run_ids == {ids["wandb"]} and len(configs) == 2  # two offline segments of one run
     assert_same_scalars(records, rows, "wandb")
     assert all(rows[s]["val/samples/_type"] == "image-file" for s in (0, 1, 2))
