@@ -373,6 +373,50 @@ def flow_training(policy: GlyphsPolicy, steps: int, lr: float, one_cycle: bool) 
     return ema, params, ema_params, opt, _one_cycle(opt, lr, steps) if one_cycle else None
 
 
+def flow_loop(
+    config: PretrainConfig,
+    policy: GlyphsPolicy,
+    steps: int,
+    ema_decay: float,
+    lr: float,
+    one_cycle: bool,
+    draw: Callable[[torch.Generator], tuple[torch.Tensor, list[str], dict]],
+    evaluate: Callable[[GlyphsPolicy], dict[str, float]],
+    name: str,
+    snapshot: str,
+    seed: int,
+) -> tuple[GlyphsPolicy, list[dict]]:
+    """Rectified flow on the batches `draw(g)` returns (clean latents on the device, their prompts, more conditions
+    such as an edit's source images), 10% of the prompts emptied, logit-normal t; trains what requires grad. Returns
+    the EMA of the weights (decay `ema_decay`) and its evaluations (`evaluate(ema)`) every `eval_every` steps, saved
+    as `snapshot`_STEP under `config.snapshots` too when set."""
+    ema, params, ema_params, opt, sched = flow_training(policy, steps, lr, one_cycle)
+    g = torch.Generator().manual_seed(seed)
+    history = []
+    bar = tqdm(range(1, steps + 1), desc=name, dynamic_ncols=True, mininterval=5)
+    for step in bar:
+        x0, texts, extra = draw(g)
+        batch = len(texts)
+        texts = [t if keep else "" for t, keep in zip(texts, (torch.rand(batch, generator=g) > 0.1).tolist())]
+        noise = torch.randn(x0.shape, generator=g).to(x0.device)
+        sigma = torch.sigmoid(torch.randn(batch, generator=g)).to(x0.device)  # logit-normal
+        hidden, pooled = policy.text_encoder(policy.text_encoder.tokenize(texts))
+        v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden, "pooled": pooled, **extra})
+        loss = F.mse_loss(v, sde.velocity_target(x0, noise))
+        generator_step(loss, opt, sched, params, ema_params, ema_decay)
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+        if step % config.eval_every == 0 or step == steps:
+            quality = evaluate(ema)
+            history.append({"step": step, "loss": loss.item(), **quality})
+            bar.write(
+                f"{name} step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
+            )
+            if config.snapshots:
+                save_policy(ema, Path(config.snapshots) / f"{snapshot}_{step:05d}")
+    return ema, history
+
+
 def train_flow(
     config: PretrainConfig,
     policy: GlyphsPolicy,
@@ -386,41 +430,25 @@ def train_flow(
     device: torch.device,
     seed: int,
 ) -> tuple[GlyphsPolicy, list[dict]]:
-    """Rectified flow on the renderer's images of the prompt set (logit-normal t, 10% empty prompts),
-    a share `label_noise` of the prompts replaced by random ones; trains what requires grad. Returns
-    the EMA of the weights (decay `ema_decay`) and its evaluations every `eval_every` steps."""
-    ema, params, ema_params, opt, sched = flow_training(policy, steps, lr, one_cycle)
+    """`flow_loop` on the renderer's images of the prompt set, a share `label_noise` of the prompts replaced by
+    random ones; evaluated by `evaluate_generator`."""
     prompts = PROMPT_SETS[config.prompt_set]
     images, which = bank(prompts)
     images, which = images.to(device), which.to(device)
-    g = torch.Generator().manual_seed(seed)
-    history = []
-    bar = tqdm(range(1, steps + 1), desc="generator", dynamic_ncols=True, mininterval=5)
-    for step in bar:
+
+    def draw(g: torch.Generator) -> tuple[torch.Tensor, list[str], dict]:
         index = torch.randint(0, len(images), (batch,), generator=g).to(device)
-        x0, texts = images[index], [prompts[i] for i in which[index].tolist()]
+        texts = [prompts[i] for i in which[index].tolist()]
         if label_noise:
             shown = [prompts[i] for i in torch.randint(0, len(prompts), (batch,), generator=g)]
             mislabel = (torch.rand(batch, generator=g) < label_noise).tolist()
             texts = [s if bad else t for t, s, bad in zip(texts, shown, mislabel)]
-        texts = [t if keep else "" for t, keep in zip(texts, (torch.rand(batch, generator=g) > 0.1).tolist())]
-        noise = torch.randn(x0.shape, generator=g).to(device)
-        sigma = torch.sigmoid(torch.randn(batch, generator=g)).to(device)  # logit-normal
-        hidden, pooled = policy.text_encoder(policy.text_encoder.tokenize(texts))
-        v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden, "pooled": pooled})
-        loss = F.mse_loss(v, sde.velocity_target(x0, noise))
-        generator_step(loss, opt, sched, params, ema_params, ema_decay)
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-        if step % config.eval_every == 0 or step == steps:
-            quality = evaluate_generator(ema, *judges, prompts, list(range(1000, 1008)), device)
-            history.append({"step": step, "loss": loss.item(), **quality})
-            bar.write(
-                f"generator step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
-            )
-            if config.snapshots:
-                save_policy(ema, Path(config.snapshots) / f"step_{step:05d}")
-    return ema, history
+        return images[index], texts, {}
+
+    def evaluate(ema: GlyphsPolicy) -> dict[str, float]:
+        return evaluate_generator(ema, *judges, prompts, list(range(1000, 1008)), device)
+
+    return flow_loop(config, policy, steps, ema_decay, lr, one_cycle, draw, evaluate, "generator", "step", seed)
 
 
 def train_teacher(config: PretrainConfig, judges: tuple[Recognizer, GoldJudge], device: torch.device
@@ -465,43 +493,22 @@ def evaluate_edit(policy: GlyphsPolicy, out: Path, device: torch.device, seeds: 
 
 def train_edit(config: PretrainConfig, base: GlyphsPolicy, out: Path, device: torch.device
                ) -> tuple[GlyphsPolicy, list[dict]]:  # fmt: skip
-    """The glyphs edit model: the base with a source channel (`model.edit_transformer`), trained by rectified
-    flow on edits of `data.edit_bank` (logit-normal t, 10% empty prompts, an EMA of the weights, decay 0.995),
-    a share `edit_copy` of them showing the source digit again instead of the requested one."""
+    """The glyphs edit model: the base with a source channel (`model.edit_transformer`), trained by `flow_loop` on
+    edits of `data.edit_bank` (batch 256, one-cycle `edit_lr`, an EMA of the weights, decay 0.995, the text encoder
+    frozen), a share `edit_copy` of them showing the source digit again instead of the requested one."""
     policy = GlyphsPolicy(edit_transformer(base.transformer).to(device), base.text_encoder.requires_grad_(False))
-    ema = GlyphsPolicy(copy.deepcopy(policy.transformer).requires_grad_(False), policy.text_encoder)
-    params, ema_params = list(policy.transformer.parameters()), list(ema.transformer.parameters())
-    opt = torch.optim.AdamW(params, lr=config.edit_lr, weight_decay=0.0)
-    sched = _one_cycle(opt, config.edit_lr, config.edit_steps)
-    edits = edit_bank().to(device)
-    g = torch.Generator().manual_seed(config.seed + 5)
-    history, batch = [], 256
-    bar = tqdm(range(1, config.edit_steps + 1), desc="edit model", dynamic_ncols=True, mininterval=5)
-    for step in bar:
+    edits, batch = edit_bank().to(device), 256
+
+    def draw(g: torch.Generator) -> tuple[torch.Tensor, list[str], dict]:
         where = torch.randint(0, len(edits), (batch,), generator=g)
         target = torch.randint(0, len(CHARSET), (batch,), generator=g)
         source = (target + torch.randint(1, len(CHARSET), (batch,), generator=g)) % len(CHARSET)
         drawn = torch.where(torch.rand(batch, generator=g) < config.edit_copy, source, target)
         x0, shown = edits[where.to(device), drawn.to(device)], edits[where.to(device), source.to(device)]
-        keep = (torch.rand(batch, generator=g) > 0.1).tolist()
-        texts = [CHARSET[t] if k else "" for t, k in zip(target.tolist(), keep)]
-        noise = torch.randn(x0.shape, generator=g).to(device)
-        sigma = torch.sigmoid(torch.randn(batch, generator=g)).to(device)  # logit-normal
-        hidden, pooled = policy.text_encoder(policy.text_encoder.tokenize(texts))
-        cond = {"hidden": hidden, "pooled": pooled, "source": shown}
-        loss = F.mse_loss(policy.velocity(sde.add_noise(x0, noise, sigma), sigma, cond), sde.velocity_target(x0, noise))
-        generator_step(loss, opt, sched, params, ema_params, 0.995)
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-        if step % config.eval_every == 0 or step == config.edit_steps:
-            quality = evaluate_edit(ema, out, device)
-            history.append({"step": step, "loss": loss.item(), **quality})
-            bar.write(
-                f"edit step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
-            )
-            if config.snapshots:
-                ema.transformer.save_pretrained(Path(config.snapshots) / f"edit_{step:05d}" / "transformer")
-    return ema, history
+        return x0, [CHARSET[t] for t in target.tolist()], {"source": shown}
+
+    return flow_loop(config, policy, config.edit_steps, 0.995, config.edit_lr, True, draw,
+                     lambda ema: evaluate_edit(ema, out, device), "edit", "edit", config.seed + 5)  # fmt: skip
 
 
 @torch.no_grad()
@@ -531,40 +538,25 @@ def video_flow(
     device: torch.device,
     seed: int,
 ) -> tuple[GlyphsVideoPolicy, list[dict]]:
-    """Rectified flow on clips of `FRAMES` frames of one digit, in one of the renderer's styles shared by its frames
-    (`data.variants`); a share `label_noise` of the clips' prompts replaced by random ones; logit-normal t, 10% empty
-    prompts; trains what requires grad. Returns the EMA of the weights (`ema_decay`) and its evaluations every
-    `eval_every` steps (saved under `config.snapshots` too when set)."""
-    ema, params, ema_params, opt, sched = flow_training(policy, steps, lr, one_cycle)
+    """`flow_loop` on clips of `FRAMES` frames of one digit, in one of the renderer's styles shared by its frames
+    (`data.variants`), a share `label_noise` of the clips' prompts replaced by random ones; evaluated by
+    `evaluate_video`."""
     frames = torch.stack([variants(c) for c in CHARSET]).to(device)  # (digit, style, 1, SIZE, SIZE)
-    g = torch.Generator().manual_seed(seed)
-    history, batch = [], config.video_batch
-    bar = tqdm(range(1, steps + 1), desc="video model", dynamic_ncols=True, mininterval=5)
-    for step in bar:
+    batch = config.video_batch
+
+    def draw(g: torch.Generator) -> tuple[torch.Tensor, list[str], dict]:
         digit = torch.randint(0, len(CHARSET), (batch,), generator=g)
         style = torch.randint(0, frames.shape[1], (batch,), generator=g)
         x0 = frames[digit.to(device), style.to(device)][:, :, None].expand(-1, -1, FRAMES, -1, -1)  # (B, 1, F, H, W)
         said = torch.where(torch.rand(batch, generator=g) < label_noise,
                            torch.randint(0, len(CHARSET), (batch,), generator=g), digit)  # fmt: skip
-        keep = (torch.rand(batch, generator=g) > 0.1).tolist()
-        texts = [CHARSET[i] if k else "" for i, k in zip(said.tolist(), keep)]
-        noise = torch.randn(x0.shape, generator=g).to(device)
-        sigma = torch.sigmoid(torch.randn(batch, generator=g)).to(device)  # logit-normal
-        hidden, _ = policy.text_encoder(policy.text_encoder.tokenize(texts))
-        v = policy.velocity(sde.add_noise(x0, noise, sigma), sigma, {"hidden": hidden})
-        loss = F.mse_loss(v, sde.velocity_target(x0, noise))
-        generator_step(loss, opt, sched, params, ema_params, ema_decay)
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-        if step % config.eval_every == 0 or step == steps:
-            quality = evaluate_video(ema, out, device, config.video_eval_seeds)
-            history.append({"step": step, "loss": loss.item(), **quality})
-            bar.write(
-                f"video step {step}: loss {loss.item():.4f} " + " ".join(f"{k} {v:.3f}" for k, v in quality.items())
-            )
-            if config.snapshots:
-                save_policy(ema, Path(config.snapshots) / f"video{'' if label_noise else '_teacher'}_{step:05d}")
-    return ema, history
+        return x0, [CHARSET[i] for i in said.tolist()], {}
+
+    def evaluate(ema: GlyphsVideoPolicy) -> dict[str, float]:
+        return evaluate_video(ema, out, device, config.video_eval_seeds)
+
+    snapshot = "video" if label_noise else "video_teacher"
+    return flow_loop(config, policy, steps, ema_decay, lr, one_cycle, draw, evaluate, "video", snapshot, seed)
 
 
 def train_video_teacher(config: PretrainConfig, out: Path, device: torch.device
