@@ -29,7 +29,8 @@ class Timer:
     def phase(self, name: str) -> Iterator[None]:
         self.sync()
         start = time.perf_counter()
-        yield
+        with torch.profiler.record_function(f"phase/{name}"):  # a named range in profiler traces (bench --profile)
+            yield
         self.sync()
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 

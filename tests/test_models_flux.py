@@ -3,6 +3,7 @@ equivalence of our rollout-level ODE sampling with diffusers' own `FluxPipeline`
 every FLUX recipe running two training steps on its tiny twin."""
 
 import copy
+import gzip
 import json
 import math
 
@@ -318,13 +319,20 @@ def test_full_size_flux_has_the_released_parameter_counts():
 
 
 def test_bench_recipe_tiny_rows_for_kontext(tmp_path):
-    """`omnialign bench recipe --tiny` on a Kontext recipe: the bench's edit prompts carry sources; MFU counts them."""
+    """`omnialign bench recipe --tiny` on a Kontext recipe: the bench's edit prompts carry sources; MFU counts them.
+    `--profile` runs the step under the profiler: its trace shows the trainer's phases."""
     out = tmp_path / "kontext.json"
     cli(["bench", "recipe", "--tiny", "--recipe", "flux_kontext_edit_flowgrpo_lora", "--prompts", "2", "--steps", "1",
-         "--work", str(tmp_path / "work"), "--out", str(out), "--set", "engine.compile=false"])  # fmt: skip
+         "--work", str(tmp_path / "work"), "--out", str(out), "--set", "engine.compile=false",
+         "--profile", str(tmp_path / "profile")])  # fmt: skip
     (row,) = json.loads(out.read_text())["rows"]
     assert row["recipe"] == "flux_kontext_edit_flowgrpo_lora" and row["images"] == 8 and row["images_per_gpu_s"] > 0
     assert row["rollout_s"] > 0 and row["update_s"] > 0
+    assert row["profiled"] and 0 < row["busy_share"] <= 1
+    trace = json.loads(gzip.decompress((tmp_path / "profile" / "trace.json.gz").read_bytes()))
+    phases = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("phase/")}
+    assert {"phase/rollout", "phase/update"} <= phases
+    assert json.loads((tmp_path / "profile" / "kernels.json").read_text())["kinds"]["matmul"]["ms"] > 0
 
 
 def test_judge_knows_a_flux_pipeline_folder(paths):

@@ -3,6 +3,7 @@
     omnialign bench staging --windows 2 10 50 --modes off on prefetch --out staging.json
     omnialign bench recipe --recipe qwen_image_ocr_flowgrpo_lora --prompts 8 --steps 1 --out flowgrpo.json
     omnialign bench recipe --recipe wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --out wan.json
+    omnialign bench recipe --recipe flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile runs/profile/flux
     omnialign bench language --recipe qwen3_omni_dpo --steps 3 --seq-len 1024 --out dpo.json
     omnialign bench language --recipe choice_gspo --model-size 4b --steps 2 --out gspo.json
     omnialign bench decode --model-size 8b --prompts 128 --prompt-len 256 --max-new-tokens 128 --out decode.json
@@ -10,7 +11,8 @@
 One file per bench, each with what it measures in its docstring: `staging.py` (timestep staging of the FlowGRPO
 update), `recipe.py` (full training steps of a diffusion recipe, MFU), `language.py` (training steps of a language
 recipe), `decode.py` (the decoders side by side); `models.py` holds the full-size random-weight builders and the FLOP
-counts. `--tiny` runs any of them on tiny configs on the CPU.
+counts; `profile.py` the torch profiler over a recipe's last step (`--profile DIR`). `--tiny` runs any of them on
+tiny configs on the CPU.
 """
 
 import json
@@ -45,7 +47,8 @@ def main(name: str, args) -> None:
     else:
         rows = bench_recipe(args.recipe or "qwen_image_ocr_flowgrpo_lora", args.prompts or 8, args.steps, args.tiny,
                             args.peak, Path(args.work), args.set,
-                            {"off": (False,), "both": (False, True)}[args.deterministic])  # fmt: skip
+                            {"off": (False,), "both": (False, True)}[args.deterministic],
+                            Path(args.profile) if args.profile else None)  # fmt: skip
     if not dist.init().is_main:
         return
     print_table(rows)

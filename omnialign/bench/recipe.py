@@ -69,6 +69,7 @@ from omnialign.bench.models import (
     zimage_flops,
     zimage_tokens,
 )
+from omnialign.bench.profile import profiled
 from omnialign.config import VIDEO_ARCHS, branch_steps, images_per_sample, tree_rows, tree_widths
 from omnialign.engine import dist
 
@@ -183,10 +184,12 @@ def bench_recipe(
     work: Path,
     extra: list[str] = (),
     deterministic: tuple[bool, ...] = (False,),
+    profile: Path | None = None,
 ) -> list[dict]:
     """Full training steps of a recipe with `prompts` prompts per GPU; see the module docstring. With
     `deterministic` (False, True) the same trainer runs its steps without, then with trainer.deterministic's kernels
-    (side by side on one model); the row says which."""
+    (side by side on one model); the row says which. With `profile` the last step runs under the torch profiler
+    (`bench.profile`: its trace and device time by kernel kind in that folder; the row gets `busy_share`)."""
     rows = []
     with recipe_trainer(recipe, prompts, tiny, work, extra) as trainer:
         for mode in deterministic:
@@ -194,10 +197,15 @@ def bench_recipe(
                 for step in range(1, steps + 1):
                     if trainer.world.device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats()
-                    metrics = trainer.train_step(step)
+                    if profile and (mode, step) == (deterministic[-1], steps):
+                        metrics, summary = profiled(partial(trainer.train_step, step), profile)
+                    else:
+                        metrics, summary = trainer.train_step(step), {}
                     phases = trainer.timer.pop()
                     row = recipe_row(trainer.config, step, phases, peak_tflops, trainer.policy, trainer.world)
                     rows.append({**row, "deterministic": mode or trainer.config.trainer.deterministic})
+                    if summary:  # the profiler's overhead is in this row's seconds
+                        rows[-1].update(profiled=True, busy_share=summary["busy_share"])
                     for name in ("actor/clip_frac", "actor/rollout_logprob_gap"):  # exactness of rollout log-probs
                         if name in metrics:
                             rows[-1][name.removeprefix("actor/")] = float(metrics[name])
