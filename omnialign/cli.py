@@ -225,6 +225,15 @@ def parser() -> argparse.ArgumentParser:
                     help="language (qwen3 recipes), decode: the Qwen3 size (released config, random "
                     "weights)")  # fmt: skip
     be.add_argument("--seq-len", type=int, default=1024, help="language, DPO: tokens per sequence (half prompt)")
+    be.add_argument(
+        "--media",
+        default="text",
+        choices=["text", "image", "audio", "video"],
+        help="language (qwen3_omni): a random image, audio clip or video first in every prompt",
+    )
+    be.add_argument("--towers", default="full", choices=["full", "shrunk"],
+                    help="language (qwen3_omni): the thinker's vision and audio towers at their released size "
+                    "or tiny")  # fmt: skip
     be.add_argument("--prompt-len", type=int, default=256, help="language (RL), decode: prompt tokens")
     be.add_argument(
         "--max-new-tokens",

@@ -5,16 +5,22 @@ import json
 
 import pytest
 import torch
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeAudioEncoder,
+    Qwen3OmniMoeVisionEncoder,
+)
 
 from omnialign.bench.models import language_policy
 from omnialign.cli import main as cli
+from omnialign.data.language import read_records
+from omnialign.models.qwen3_omni import find
 
 COMMON = {"recipe", "model", "params_b", "trainable_m", "gpus", "step", "step_s", "samples_per_gpu_s", "update_s",
           "peak_alloc_gb"}  # fmt: skip
 KEYS = {
-    "dpo": COMMON | {"pairs", "seq_len", "pairs_per_gpu_s", "data_s", "reference_s"},
+    "dpo": COMMON | {"pairs", "seq_len", "pairs_per_gpu_s", "data_s", "reference_s", "media", "towers"},
     "gspo": COMMON | {"samples", "prompt_len", "max_new_tokens", "response_len", "gen_tokens_per_s", "rollout_s",
-                      "reward_s", "advantage_s"},
+                      "reward_s", "advantage_s", "media"},
 }  # fmt: skip
 
 
@@ -22,6 +28,7 @@ KEYS = {
     "kind, args",
     [
         ("dpo", ["--recipe", "qwen3_omni_dpo", "--seq-len", "48", "--prompts", "2"]),
+        ("dpo", ["--recipe", "qwen3_omni_dpo", "--seq-len", "500", "--prompts", "2", "--media", "video"]),
         ("gspo", ["--recipe", "choice_gspo", "--prompt-len", "24", "--max-new-tokens", "6", "--prompts", "2",
                   "--set", "model.lora.rank=4", "model.lora.alpha=8"]),
     ],
@@ -36,19 +43,33 @@ def test_bench_language_tiny_rows(kind, args, tmp_path, capsys):
         assert row["samples_per_gpu_s"] > 0 and row["step_s"] > 0 and row["trainable_m"] > 0
     if kind == "dpo":
         assert rows[0]["model"] == "tiny-qwen3_omni" and rows[0]["pairs"] == 2 and rows[0]["pairs_per_gpu_s"] > 0
+        assert rows[0]["towers"] == "shrunk"
     else:
         assert rows[0]["samples"] == 8 and 0 < rows[0]["response_len"] <= 6 and rows[0]["gen_tokens_per_s"] > 0
+    if "--media" in args:  # a random clip first in every prompt, its tokens within the prompt's half of --seq-len
+        assert rows[0]["media"] == "video"
+        policy = language_policy("qwen3_omni", "tiny", torch.device("cpu"), torch.float32)
+        records = read_records(tmp_path / "work" / "language.parquet", "train")
+        ids, media = policy.encode([r["prompt"] for r in records])
+        video = policy.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        assert [len(i) for i in ids] == [250, 250] and [i.count(video) for i in ids] == [196, 196]
+        assert all(m["video_grid_thw"].tolist() == [[4, 14, 14]] for m in media)
     assert "samples_per_gpu_s" in capsys.readouterr().out  # the table
 
 
 def test_full_size_configs_have_the_released_parameter_counts():
-    """Built on the meta device: the thinker's text stack of Qwen3-Omni-30B-A3B (30.5 B with shrunk towers) and
-    the released Qwen3 sizes (embeddings included)."""
-    expected = {("qwen3_omni", "30b-a3b"): 30.53, ("qwen3", "0.6b"): 0.60, ("qwen3", "4b"): 4.02,
-                ("qwen3", "8b"): 8.19}  # fmt: skip
-    for (arch, size), billions in expected.items():
-        policy = language_policy(arch, size, torch.device("meta"), torch.bfloat16)
-        assert round(sum(p.numel() for p in policy.transformer.parameters()) / 1e9, 2) == billions
+    """Built on the meta device: the thinker of Qwen3-Omni-30B-A3B (its text stack 30.5 B; the audio tower 0.65 B,
+    the size Qwen3-Omni's report gives its AuT encoder, and the vision tower 0.54 B, SigLIP2-So400m's size) and the
+    released Qwen3 sizes (embeddings included)."""
+    billions = lambda module: round(sum(p.numel() for p in module.parameters()) / 1e9, 2)  # noqa: E731
+    expected = {("qwen3", "0.6b"): 0.60, ("qwen3", "4b"): 4.02, ("qwen3", "8b"): 8.19}
+    for (arch, size), count in expected.items():
+        assert billions(language_policy(arch, size, torch.device("meta"), torch.bfloat16).transformer) == count
+    shrunk = language_policy("qwen3_omni", "30b-a3b", torch.device("meta"), torch.bfloat16, towers="shrunk")
+    assert billions(shrunk.transformer) == 30.53
+    full = language_policy("qwen3_omni", "30b-a3b", torch.device("meta"), torch.bfloat16)
+    audio, vision = find(full.transformer, Qwen3OmniMoeAudioEncoder), find(full.transformer, Qwen3OmniMoeVisionEncoder)
+    assert (billions(audio), billions(vision), billions(full.transformer)) == (0.65, 0.54, 31.72)
 
 
 def test_bench_decode_tiny_rows(tmp_path):

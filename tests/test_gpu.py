@@ -287,11 +287,12 @@ def test_sd35_offline_dpo_lora_at_full_size(size):
 
 
 def test_qwen3_omni_thinker_dpo_at_full_size(tmp_path):
-    """The Qwen3-Omni-30B-A3B thinker's text stack (30.5 B; towers shrunk, the batch is text): offline DPO, LoRA."""
-    trainer, policy, head = language_trainer("qwen3_omni_dpo", 2, False, tmp_path, seq_len=1024)
+    """The Qwen3-Omni-30B-A3B thinker at its released size (31.7 B: the text stack and the vision and audio towers)
+    on image rows (a 448 x 448 image first in every prompt): offline DPO, LoRA."""
+    trainer, policy, head = language_trainer("qwen3_omni_dpo", 2, False, tmp_path, seq_len=1024, media="image")
     before = snapshot(policy.transformer)
     metrics = trainer.train_step(1)
-    assert head["params_b"] > 30
+    assert head["params_b"] > 31.5 and head["towers"] == "full" and head["media"] == "image"
     assert_stepped(policy.transformer, before, metrics)
     assert float(metrics["actor/loss"]) == pytest.approx(math.log(2), abs=1e-3)  # policy = reference at step 1
 

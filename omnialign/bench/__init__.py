@@ -5,6 +5,7 @@
     omnialign bench recipe --recipe wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --out wan.json
     omnialign bench recipe --recipe flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile runs/profile/flux
     omnialign bench language --recipe qwen3_omni_dpo --steps 3 --seq-len 1024 --out dpo.json
+    omnialign bench language --recipe qwen3_omni_dpo --steps 3 --seq-len 1024 --media image --out dpo_image.json
     omnialign bench language --recipe choice_gspo --model-size 4b --steps 2 --out gspo.json
     omnialign bench decode --model-size 8b --prompts 128 --prompt-len 256 --max-new-tokens 128 --out decode.json
 
@@ -43,7 +44,7 @@ def main(name: str, args) -> None:
     elif name == "language":
         rows = bench_language(args.recipe or "qwen3_omni_dpo", args.prompts, args.steps, args.tiny,
                               Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len,
-                              args.max_new_tokens)  # fmt: skip
+                              args.max_new_tokens, args.media, args.towers)  # fmt: skip
     else:
         rows = bench_recipe(args.recipe or "qwen_image_ocr_flowgrpo_lora", args.prompts or 8, args.steps, args.tiny,
                             args.peak, Path(args.work), args.set,

@@ -364,11 +364,26 @@ QWEN3_COMMON = dict(vocab_size=151936, head_dim=128, max_position_embeddings=409
                     rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
 
 
-def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dtype) -> LanguagePolicy:
+def omni_processors() -> tuple:
+    """Qwen3-Omni's media preprocessing: Qwen2-VL patches of 16 px merged 2 x 2, two frames a temporal patch
+    (images kept between 56 x 56 and 28 x 28 x 16384 pixels), and Whisper features of 128 mel bins."""
+    from transformers import WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    images = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
+                                      size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 16384})  # fmt: skip
+    return images, WhisperFeatureExtractor(feature_size=128)
+
+
+def language_policy(
+    arch: str, size: str, device: torch.device, dtype: torch.dtype, towers: str = "full"
+) -> LanguagePolicy:
     """A `LanguagePolicy` with random weights built on `device` in `dtype`: the Qwen3-Omni-30B-A3B thinker
-    (`arch` qwen3_omni; full-size text stack, shrunk towers) or a Qwen3 causal LM of `size` (a key of
-    QWEN3_SIZES); `size="tiny"` gives the tiny twin of either. The byte-level tokenizer of the tiny models
-    (ids below 266) stands in for Qwen's: the benchmark's text is synthetic."""
+    (`arch` qwen3_omni; full-size text stack; `towers` "full": the released vision tower, 27 blocks of 1152, and
+    audio tower, 32 layers of 1280, which are transformers' defaults for these configs; "shrunk": the tiny towers)
+    with Qwen3-Omni's media preprocessing (`omni_processors`), or a Qwen3 causal LM of `size` (a key of
+    QWEN3_SIZES); `size="tiny"` gives the tiny twin of either (shrunk towers). The byte-level tokenizer of the tiny
+    models (ids below 266) stands in for Qwen's: the benchmark's text is synthetic."""
     from transformers import (
         Qwen3Config,
         Qwen3ForCausalLM,
@@ -386,8 +401,11 @@ def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dty
     with built_on(device, dtype):
         if arch == "qwen3_omni":
             text = {**(TINY_OMNI_TEXT if size == "tiny" else QWEN3_OMNI_TEXT), **special}
-            config = Qwen3OmniMoeThinkerConfig(**thinker_config(text, tokenizer))  # shrunk towers
-            net = Qwen3OmniMoeThinkerForConditionalGeneration(config)
+            config = thinker_config(text, tokenizer)  # shrunk towers
+            if towers == "full" and size != "tiny":
+                config.update(audio_config={"output_dim": text["hidden_size"]},
+                              vision_config={"out_hidden_size": text["hidden_size"]})  # fmt: skip
+            net = Qwen3OmniMoeThinkerForConditionalGeneration(Qwen3OmniMoeThinkerConfig(**config))
         elif arch == "qwen3":
             sizes = qwen3_sizes() if size == "tiny" else {**QWEN3_COMMON, **QWEN3_SIZES[size]}
             net = Qwen3ForCausalLM(Qwen3Config(**sizes, **special))
@@ -396,7 +414,7 @@ def language_policy(arch: str, size: str, device: torch.device, dtype: torch.dty
     net.generation_config.eos_token_id = special["eos_token_id"]
     net.generation_config.pad_token_id = special["pad_token_id"]
     if arch == "qwen3_omni":
-        return OmniThinkerPolicy(net, tokenizer, None, None)  # no media: no image processor, no feature extractor
+        return OmniThinkerPolicy(net, tokenizer, *omni_processors())
     return CausalLMPolicy(net, tokenizer)
 
 
