@@ -20,7 +20,7 @@ COMMON = {"recipe", "model", "params_b", "trainable_m", "gpus", "step", "step_s"
 KEYS = {
     "dpo": COMMON | {"pairs", "seq_len", "pairs_per_gpu_s", "data_s", "reference_s", "media", "towers"},
     "gspo": COMMON | {"samples", "prompt_len", "max_new_tokens", "response_len", "gen_tokens_per_s", "rollout_s",
-                      "reward_s", "advantage_s", "media"},
+                      "reward_s", "advantage_s", "media", "gen_share"},
 }  # fmt: skip
 
 
@@ -46,6 +46,7 @@ def test_bench_language_tiny_rows(kind, args, tmp_path, capsys):
         assert rows[0]["towers"] == "shrunk"
     else:
         assert rows[0]["samples"] == 8 and 0 < rows[0]["response_len"] <= 6 and rows[0]["gen_tokens_per_s"] > 0
+        assert rows[0]["gen_share"] == pytest.approx(rows[0]["rollout_s"] / rows[0]["step_s"], abs=0.06)
     if "--media" in args:  # a random clip first in every prompt, its tokens within the prompt's half of --seq-len
         assert rows[0]["media"] == "video"
         policy = language_policy("qwen3_omni", "tiny", torch.device("cpu"), torch.float32)
