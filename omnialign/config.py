@@ -324,6 +324,9 @@ class ActorConfig:
 class EngineConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (less memory, about a third more compute)."""
+    checkpoint_every: int = 1
+    """With activation_checkpointing: recompute one block in this many, the first of each run of them (1: every
+    block; 2: every other, keeping half the blocks' activations for half the recomputation)."""
     cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer states in host memory."""
     reshard_after_forward: bool = True
@@ -637,6 +640,8 @@ def validate(config: Config) -> Config:
                                        and a.mini_batch_size % multiple == 0),
          f"actor.mini_batch_size={a.mini_batch_size} must divide the training batch {batch} ({unit})"),
         (config.model.lora.rank >= 0, f"model.lora.rank={config.model.lora.rank} must be >= 0"),
+        (config.engine.checkpoint_every >= 1,
+         f"engine.checkpoint_every={config.engine.checkpoint_every} must be at least 1 (1: every block recomputes)"),
         (config.engine.sequence_parallel >= 1,
          f"engine.sequence_parallel={config.engine.sequence_parallel} must be at least 1 (1: no split)"),
         (config.engine.sequence_parallel == 1 or config.algorithm.name not in (*LANGUAGE_ALGORITHMS, "diffusion_dpo"),

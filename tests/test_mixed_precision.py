@@ -40,3 +40,24 @@ def test_sharded_float32_weights_compute_as_the_bfloat16_model(arch, tmp_path):
         assert 0 < (got - expected).float().norm() / expected.float().norm() < 0.01
     else:
         assert torch.equal(got, expected)
+
+
+def test_selective_activation_checkpointing_recomputes_every_kth_block_with_the_same_gradients(tmp_path):
+    """engine.checkpoint_every=2: blocks 0, 2, 4, ... recompute their activations in backward, the others keep them;
+    the loss and every gradient equal those without checkpointing, bit for bit on the CPU."""
+    policy = LOADERS["sd3"](ModelConfig(arch="sd3", path=str(tiny.sd3(tmp_path))))
+    world = dist.init()
+    x = torch.randn((2, *policy.latent_shape(32, 32)), generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.3867, 0.7431])
+    cond = policy.encode_prompts(["a red cube", "two cats"])
+    grads, wrapped, original = [], [], policy.transformer
+    for checkpointing in (False, True):
+        net = copy.deepcopy(original).float().requires_grad_(True)
+        blocks = list(net.transformer_blocks)
+        fsdp.shard(net, blocks, fsdp.mesh(world), torch.float32, checkpointing, checkpoint_every=2)
+        wrapped.append([b.forward.__name__ == "checkpointed" for b in blocks])
+        policy.transformer = net
+        policy.velocity(x, sigma, cond).square().mean().backward()
+        grads.append([p.grad.full_tensor() for p in net.parameters()])
+    assert wrapped == [[False] * len(blocks), [i % 2 == 0 for i in range(len(blocks))]] and len(blocks) >= 2
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

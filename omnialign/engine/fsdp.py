@@ -57,6 +57,7 @@ def shard(
     reshard_after_forward: bool = True,
     compile: bool = False,
     cudnn_attention: bool = True,
+    checkpoint_every: int = 1,
 ) -> nn.Module:
     """Shard `module` in place: each of `blocks` is one FSDP unit, the rest of `module` the root unit.
 
@@ -67,7 +68,8 @@ def shard(
     computes as the model loaded in `param_dtype` does (tests/test_mixed_precision.py). With `cpu_offload`,
     sharded parameters, gradients and optimizer states live in host memory; otherwise they move to the mesh's device.
     With `compile`, each block's forward is compiled (regional compilation). Without `cudnn_attention`, the blocks'
-    attention never runs cuDNN's kernel (`without_cudnn_attention`).
+    attention never runs cuDNN's kernel (`without_cudnn_attention`). With `activation_checkpointing`, one block in
+    `checkpoint_every` recomputes its activations in backward (blocks 0, k, 2k, ...).
     """
     mixed = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype,
@@ -75,12 +77,12 @@ def shard(
         cast_forward_inputs=False,
     )
     offload = CPUOffloadPolicy(pin_memory=device_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
-    for block in blocks:
+    for i, block in enumerate(blocks):
         if compile:
             compile_forward(block)
         if not cudnn_attention:
             without_cudnn_attention(block)
-        if activation_checkpointing:
+        if activation_checkpointing and i % checkpoint_every == 0:
             checkpoint_activations(block)
         fully_shard(block, mesh=device_mesh, mp_policy=mixed, offload_policy=offload,
                     reshard_after_forward=reshard_after_forward)  # fmt: skip

@@ -84,7 +84,7 @@ def build_policy(
     e = config.engine
     split_sequence(net, config, world)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
-               e.cpu_offload, e.reshard_after_forward, e.compile, e.cudnn_attention)  # fmt: skip
+               e.cpu_offload, e.reshard_after_forward, e.compile, e.cudnn_attention, e.checkpoint_every)  # fmt: skip
     policy = policy.to(world.device)
     if a.ref_update_every:  # after sharding, which replaces the parameters
         contexts["reference"] = Reference(contexts["reference"], reference_copies(net, frozen))

@@ -187,7 +187,8 @@ def build(
         fsdp.shard(teacher_net, list(teacher_net.get_submodule(_layers_name(net, blocks))), mesh, dtype, False,
                    e.cpu_offload)  # fmt: skip
         teacher = swapped_network(policy, teacher_net)
-    fsdp.shard(net, blocks, mesh, dtype, e.activation_checkpointing, e.cpu_offload, e.reshard_after_forward)
+    fsdp.shard(net, blocks, mesh, dtype, e.activation_checkpointing, e.cpu_offload, e.reshard_after_forward,
+               checkpoint_every=e.checkpoint_every)  # fmt: skip
     with torch.no_grad():  # FSDP initialises at the root's first forward; generation may call a tower first
         net(input_ids=torch.full((1, 1), policy.pad_token_id, device=world.device), use_cache=False)
     return policy.to(world.device), reference, teacher
