@@ -30,8 +30,9 @@ first three stages would take about 5 hours; the shipped gold judge was then fin
    as negatives.
 
 6. Stage `edit` makes the edit model (`assets/edit/`). Stages `video_teacher` and `video` make the video model in the
-   generator's two phases: a tiny `WanTransformer3DModel` from scratch on clean clips (`assets/video_teacher/`),
-   then with a share of its prompts replaced (`assets/video/`, what ships as the video base), on the GPU in minutes.
+   generator's two phases: a tiny `WanTransformer3DModel` from scratch on clean clips (`assets/video_teacher/`;
+   `--video-init FOLDER` continues a saved one instead), then with a share of its prompts replaced
+   (`assets/video/`, what ships as the video base), on the GPU in minutes.
 
 Everything is seeded. The report (`pretrain.json`) holds each model's measured quality and the time
 of each phase. No recipe ever trains or selects against the gold judge.
