@@ -7,7 +7,8 @@ writes DIR/trace.json.gz (open it in https://ui.perfetto.dev or chrome://tracing
 named ranges) and DIR/kernels.json: the step's device time (CUDA kernels; CPU operators where there is no GPU) by
 kind (`KINDS`: matmul, attention, normalisation, fused Triton, copies and casts, reductions, elementwise, other),
 each with its milliseconds and share, the busy share of the step's wall time (the rest is the device waiting on the
-host: launches, syncs, Python), and the 25 costliest kernels.
+host: launches, syncs, Python), and the 25 costliest kernels. A trace holds every kernel launch, so profile a small
+step (`--prompts 1` or 2): a full-size step of a minute makes a trace of gigabytes.
 """
 
 import gzip
