@@ -14,6 +14,7 @@ from omnialign.bench.profile import kind, profiled, summarise
     ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", "matmul"),
     ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>", "matmul"),
     ("aten::addmm", "matmul"),
+    ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>", "matmul"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, cutlass::bfloat16_t>>",
      "attention"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "attention"),

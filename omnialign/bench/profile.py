@@ -27,7 +27,10 @@ from torch.profiler import ProfilerActivity, profile
 KINDS = (
     ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
     ("triton", ("triton",)),
-    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "matmul")),
+    (
+        "matmul",
+        ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "matmul"),
+    ),
     ("norm", ("norm",)),
     ("copy/cast", ("copy", "memcpy", "memset", "cast", "aten::to", "aten::cat", "fill")),
     ("reduce", ("reduce", "aten::sum", "aten::mean", "softmax")),
