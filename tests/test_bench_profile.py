@@ -25,6 +25,10 @@ from omnialign.bench.profile import kind, profiled, summarise
      "reduce"),
     ("Memcpy DtoD (Device -> Device)", "copy/cast"),
     ("aten::copy_", "copy/cast"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
+     "copy/cast"),
+    ("void at::native::elementwise_kernel<128, 2, at::native::BinaryFunctor<float, float, float, broadcast>>",
+     "elementwise"),
     ("ncclDevKernel_AllGather_RING_LL", "other"),
 ])  # fmt: skip
 def test_kernel_kinds(name, expected):

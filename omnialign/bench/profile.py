@@ -32,7 +32,7 @@ KINDS = (
         ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "matmul"),
     ),
     ("norm", ("norm",)),
-    ("copy/cast", ("copy", "memcpy", "memset", "cast", "aten::to", "aten::cat", "fill")),
+    ("copy/cast", ("copy", "memcpy", "memset", "aten::to", "aten::cat", "fill")),
     ("reduce", ("reduce", "aten::sum", "aten::mean", "softmax")),
     ("elementwise", ("elementwise", "aten::mul", "aten::add", "aten::sub", "aten::div", "silu", "gelu", "aten::exp")),
 )
