@@ -9,7 +9,8 @@
 # recognizer linked from the shipped ones), PATCH=2 the 1024-token model, LEARN=0 skips the learning checks (they
 # read the shipped assets), TEACHER_LIMIT and LEARN_LIMIT (seconds) bounds on the teacher stage and the checks,
 # TEACHER_ARGS more options for the teacher stage (e.g. "--video-init omnialign/worlds/glyphs/assets/video_teacher"
-# to continue the shipped teacher), DEVICE=cpu a quick check of the script (with tiny step counts).
+# to continue the shipped teacher), NOISY_ARGS for the video stage (e.g. "--video-stop-gold 0.45 --eval-every 10"),
+# DEVICE=cpu a quick check of the script (with tiny step counts).
 out=$(realpath -m $1); steps=${2:-8000}; noisy=${3:-400}
 mkdir -p $out
 shipped=omnialign/worlds/glyphs/assets
@@ -27,7 +28,8 @@ if [ $status = 124 ]; then
   echo "video_teacher stopped at TEACHER_LIMIT=$TEACHER_LIMIT s; using $last" | tee -a $out/pretrain_log.txt
   rm -rf $assets/video_teacher && cp -r $last $assets/video_teacher
 elif [ $status != 0 ]; then tail -30 $out/pretrain_log.txt; exit 1; fi
-$prepare --stages video --video-noisy-steps $noisy --eval-every 50 --snapshots $out/snap >> $out/pretrain_log.txt 2>&1 \
+$prepare --stages video --video-noisy-steps $noisy --eval-every 50 --snapshots $out/snap $NOISY_ARGS \
+  >> $out/pretrain_log.txt 2>&1 \
   || { tail -30 $out/pretrain_log.txt; exit 1; }
 grep -o "video step.*" $out/pretrain_log.txt
 tar -C $assets -cf $out/video_assets.tar video_teacher video pretrain.json

@@ -272,7 +272,7 @@ def parser() -> argparse.ArgumentParser:
                  "fool-steps", "refresh-steps", "edit-steps", "video-steps", "video-noisy-steps",
                  "video-batch", "video-patch"):  # fmt: skip
         pr.add_argument(f"--{name}", type=int)
-    for name in ("label-noise", "edit-copy", "edit-lr", "video-noise", "video-lr"):
+    for name in ("label-noise", "edit-copy", "edit-lr", "video-noise", "video-lr", "video-stop-gold"):
         pr.add_argument(f"--{name}", type=float)
     pr.add_argument("--gold-init", help="stage gold: fine-tune this gold judge folder instead of training a new one")
     pr.add_argument("--video-init", help="stage video_teacher: continue this video model folder, not from scratch")

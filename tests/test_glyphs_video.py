@@ -104,6 +104,19 @@ def test_video_teacher_stage_continues_a_saved_model(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+def test_video_stage_stops_where_its_gold_has_fallen_to_the_target(tmp_path):
+    """--video-stop-gold: the video stage ends at the first evaluation at or below the target (every evaluation is,
+    at a target of 1) and ships the model evaluated there."""
+    for part in ("gold", "recognizer"):
+        (tmp_path / part).symlink_to(video.ASSETS / part)
+    (tmp_path / "video_teacher").symlink_to(video.ASSETS / "video_teacher")
+    config = PretrainConfig(out=str(tmp_path), device="cpu", video_noisy_steps=6, video_batch=2, eval_every=2,
+                            video_eval_seeds=1, video_stop_gold=1.0, stages=["video"])  # fmt: skip
+    report = prepare_glyphs(config)
+    assert [e["step"] for e in report["video"]] == [2]
+    assert (tmp_path / "video" / "transformer").is_dir()
+
+
 def test_grid_shows_each_video_as_a_strip_of_frames(tmp_path):
     videos = torch.stack([clip("3333"), clip("35-3")])
     save_grid(videos, ["a", "b"], 2, tmp_path / "grid.png", scale=1)

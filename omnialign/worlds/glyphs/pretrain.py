@@ -162,6 +162,9 @@ class PretrainConfig:
     model draws one digit per clip, the asked-for one only part of the time."""
     video_noise: float = 0.6
     """Stage video: share of clips whose prompt is replaced by a random one."""
+    video_stop_gold: float | None = None
+    """Stage video: stop at the first evaluation whose gold accuracy per frame is at most this (the base's target,
+    e.g. 0.45), shipping the model evaluated there; None runs all `video_noisy_steps`."""
     video_eval_seeds: int = 8
     """Stages video_teacher and video: seeds per digit in each evaluation (10 x this many clips)."""
 
@@ -386,11 +389,12 @@ def flow_loop(
     name: str,
     snapshot: str,
     seed: int,
+    stop: Callable[[dict], bool] = lambda quality: False,
 ) -> tuple[GlyphsPolicy, list[dict]]:
     """Rectified flow on the batches `draw(g)` returns (clean latents on the device, their prompts, more conditions
     such as an edit's source images), 10% of the prompts emptied, logit-normal t; trains what requires grad. Returns
     the EMA of the weights (decay `ema_decay`) and its evaluations (`evaluate(ema)`) every `eval_every` steps, saved
-    as `snapshot`_STEP under `config.snapshots` too when set."""
+    as `snapshot`_STEP under `config.snapshots` too when set. Stops early after an evaluation that `stop` accepts."""
     ema, params, ema_params, opt, sched = flow_training(policy, steps, lr, one_cycle)
     g = torch.Generator().manual_seed(seed)
     history = []
@@ -415,6 +419,9 @@ def flow_loop(
             )
             if config.snapshots:
                 save_policy(ema, Path(config.snapshots) / f"{snapshot}_{step:05d}")
+            if stop(quality):
+                bar.write(f"{name}: stopped at step {step}")
+                break
     return ema, history
 
 
@@ -538,6 +545,7 @@ def video_flow(
     out: Path,
     device: torch.device,
     seed: int,
+    stop: Callable[[dict], bool] = lambda quality: False,
 ) -> tuple[GlyphsVideoPolicy, list[dict]]:
     """`flow_loop` on clips of `FRAMES` frames of one digit, in one of the renderer's styles shared by its frames
     (`data.variants`), a share `label_noise` of the clips' prompts replaced by random ones; evaluated by
@@ -557,7 +565,7 @@ def video_flow(
         return evaluate_video(ema, out, device, config.video_eval_seeds)
 
     snapshot = "video" if label_noise else "video_teacher"
-    return flow_loop(config, policy, steps, ema_decay, lr, one_cycle, draw, evaluate, "video", snapshot, seed)
+    return flow_loop(config, policy, steps, ema_decay, lr, one_cycle, draw, evaluate, "video", snapshot, seed, stop)
 
 
 def train_video_teacher(config: PretrainConfig, out: Path, device: torch.device
@@ -578,11 +586,17 @@ def train_video_teacher(config: PretrainConfig, out: Path, device: torch.device
 def train_video(config: PretrainConfig, teacher: GlyphsVideoPolicy, out: Path, device: torch.device
                 ) -> tuple[GlyphsVideoPolicy, list[dict]]:  # fmt: skip
     """The shipped video model, as the text-to-image base: the video teacher fine-tuned for `video_noisy_steps` with
-    `video_noise` of its prompts replaced, at `noisy_lr` (constant) and EMA `noisy_ema`, the text encoder frozen."""
+    `video_noise` of its prompts replaced, at `noisy_lr` (constant) and EMA `noisy_ema`, the text encoder frozen;
+    with `video_stop_gold`, only until its gold accuracy per frame has fallen to that."""
     policy = GlyphsVideoPolicy(copy.deepcopy(teacher.transformer).requires_grad_(True),
                                copy.deepcopy(teacher.text_encoder).requires_grad_(False))  # fmt: skip
+    target = config.video_stop_gold
+
+    def reached(quality: dict) -> bool:
+        return target is not None and quality["gold_accuracy"] <= target
+
     return video_flow(config, policy, config.video_noisy_steps, config.video_noise, config.noisy_ema,
-                      config.noisy_lr, False, out, device, config.seed + 8)  # fmt: skip
+                      config.noisy_lr, False, out, device, config.seed + 8, reached)  # fmt: skip
 
 
 def fooling_runs(config: PretrainConfig, round_dir: Path) -> None:
