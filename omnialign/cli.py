@@ -270,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", help="cpu, cuda or auto (default)")
     for name in ("gold-steps", "recognizer-steps", "clean-steps", "noisy-steps", "eval-every", "fool-rounds",
                  "fool-steps", "refresh-steps", "edit-steps", "video-steps", "video-noisy-steps",
-                 "video-batch", "video-patch"):  # fmt: skip
+                 "video-batch", "video-patch", "video-eval-seeds"):  # fmt: skip
         pr.add_argument(f"--{name}", type=int)
     for name in ("label-noise", "edit-copy", "edit-lr", "video-noise", "video-lr", "video-stop-gold"):
         pr.add_argument(f"--{name}", type=float)
