@@ -365,18 +365,6 @@ def generator_step(
         torch._foreach_lerp_(ema_params, params, 1 - decay)
 
 
-def flow_training(policy: GlyphsPolicy, steps: int, lr: float, one_cycle: bool) -> tuple:
-    """What a generator's flow training steps: an EMA copy of the policy (same class), the trained parameters (those
-    that require grad) and their EMA twins, AdamW, and a one-cycle schedule or None (a constant rate)."""
-    ema = type(policy)(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
-    modules = (policy.transformer, policy.text_encoder)
-    pairs = [(p, q) for m, e in zip(modules, (ema.transformer, ema.text_encoder))
-             for p, q in zip(m.parameters(), e.parameters()) if p.requires_grad]  # fmt: skip
-    params, ema_params = [p for p, _ in pairs], [q for _, q in pairs]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    return ema, params, ema_params, opt, _one_cycle(opt, lr, steps) if one_cycle else None
-
-
 def flow_loop(
     config: PretrainConfig,
     policy: GlyphsPolicy,
@@ -395,7 +383,13 @@ def flow_loop(
     such as an edit's source images), 10% of the prompts emptied, logit-normal t; trains what requires grad. Returns
     the EMA of the weights (decay `ema_decay`) and its evaluations (`evaluate(ema)`) every `eval_every` steps, saved
     as `snapshot`_STEP under `config.snapshots` too when set. Stops early after an evaluation that `stop` accepts."""
-    ema, params, ema_params, opt, sched = flow_training(policy, steps, lr, one_cycle)
+    ema = type(policy)(copy.deepcopy(policy.transformer), copy.deepcopy(policy.text_encoder))
+    modules = (policy.transformer, policy.text_encoder)
+    pairs = [(p, q) for m, e in zip(modules, (ema.transformer, ema.text_encoder))
+             for p, q in zip(m.parameters(), e.parameters()) if p.requires_grad]  # fmt: skip
+    params, ema_params = [p for p, _ in pairs], [q for _, q in pairs]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = _one_cycle(opt, lr, steps) if one_cycle else None
     g = torch.Generator().manual_seed(seed)
     history = []
     bar = tqdm(range(1, steps + 1), desc=name, dynamic_ncols=True, mininterval=5)
