@@ -73,8 +73,9 @@ def profiled(step: Callable[[], object], out: Path) -> tuple[object, dict]:
             torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) * 1e3
     out.mkdir(parents=True, exist_ok=True)
-    if cuda:  # the kernels themselves
-        events = [(e.name, e.device_time_total / 1e3) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if cuda:  # the kernels themselves, not the ranges around them (record_function shows on the GPU's timeline too)
+        events = [(e.name, e.device_time_total / 1e3) for e in prof.events()
+                  if e.device_type == DeviceType.CUDA and not e.is_user_annotation]  # fmt: skip
     else:  # operators by their self time (nested ones not counted twice), the trainer's phase ranges left out
         events = [(e.key, e.self_cpu_time_total / 1e3) for e in prof.key_averages()
                   if e.self_cpu_time_total > 0 and not e.key.startswith("phase/")]  # fmt: skip
