@@ -61,8 +61,9 @@ def test_tiny_video_policy_round_trips_and_decodes_clips(tmp_path):
         video.load(ModelConfig(arch="glyphs_video", path=str(tmp_path / "missing")))
 
 
-def test_shipped_video_model_draws_digits_but_rarely_the_asked_for_one():
-    """What RL has to fix (measured at pretraining: 17% of frames read right, 24% no digit; chance is 10%)."""
+def test_shipped_video_model_draws_digits_often_not_the_asked_for_one():
+    """What RL has to fix: the base draws digits, the asked-for one on about half of the frames (on 1280 clips at
+    pretraining: 0.52 read right, 0.094 no digit; these 20 clips: 0.45 and 0.15)."""
     policy = video.load()
     prompts = [str(d) for d in range(10) for _ in range(2)]
     generators = [torch.Generator().manual_seed(3 + i) for i in range(len(prompts))]
@@ -71,7 +72,7 @@ def test_shipped_video_model_draws_digits_but_rarely_the_asked_for_one():
                    policy.encode_prompts(prompts)).final  # fmt: skip
     gold = glyph_video_gold(policy.decode(x), prompts, [{}] * len(prompts))
     accuracy, no_digit = sum(gold) / len(gold), sum(i["not_a_digit"] for i in gold.info) / len(gold)
-    assert 0.05 <= accuracy <= 0.4 and no_digit <= 0.45, (accuracy, no_digit)
+    assert 0.3 <= accuracy <= 0.7 and no_digit <= 0.25, (accuracy, no_digit)
 
 
 def test_prepare_video_stage_writes_a_loadable_model(tmp_path):
