@@ -179,11 +179,15 @@ def glyphs_branch() -> Config:
 
 
 def glyphs_online_dpo() -> Config:
-    """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against the base model (beta 800)."""
+    """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against a reference refreshed to the
+    policy every 50 steps (beta 800)."""
     c = _variant("glyphs_online_dpo", "online_dpo")
     c.rollout.window_size = 0
     c.algorithm.dpo_min_gap = 0.1  # pairs of saturated prompts are ties (docs/algorithms.md, online DPO)
     c.algorithm.dpo_beta = 800.0  # chosen before the empty-step fix (at 200 one of two 300-step GPU runs collapsed)
+    # the reference follows the policy every 50 steps (TR-DPO's hard update, flow_grpo's ref_update_step): with the
+    # base model as reference 2 of 10 GPU runs collapsed over two sweeps, with this 0 of 5 (BENCHMARKS.md)
+    c.algorithm.ref_update_every = 50
     c.actor.micro_batch_size = 8
     c.actor.mini_batch_size = None
     c.actor.lr = 1e-4
