@@ -17,6 +17,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from omnialign.worlds.glyphs.data import ASSETS, CHARSET
+from omnialign.worlds.glyphs.shape import shape_accepts
 
 NOT_A_DIGIT = len(CHARSET)
 MIN_PROB = 0.7
@@ -71,8 +72,10 @@ def glyph_gold(
     images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None, path: str | None = None
 ) -> list[float]:
     """`Scores`: 1.0 where the gold judge reads the prompted digit with probability `MIN_PROB` or more, else 0.0;
-    info: what it reads (the digit; "?" for a digit below `MIN_PROB`; "-" for not a digit) and `not_a_digit` (1.0
-    or 0.0). Images (B, 1, H, W) in [0, 1]; prompts single digits."""
+    info: what it reads (the digit; "?" for a digit below `MIN_PROB`; "-" for not a digit), `not_a_digit` (1.0
+    or 0.0) and `strict` (1.0 where it reads the prompted digit and the ink has that digit's shape too,
+    `shape.shape_accepts`: a second check that works differently from the network). Images (B, 1, H, W) in [0, 1];
+    prompts single digits."""
     from omnialign.rewards.base import Scores, images_of  # here: omnialign.rewards imports this world
 
     images = images_of(images, "glyph_gold")
@@ -85,5 +88,7 @@ def glyph_gold(
     reads = [
         "-" if b == NOT_A_DIGIT else CHARSET[b] if p >= MIN_PROB else "?" for b, p in zip(best.tolist(), prob.tolist())
     ]
+    shaped = shape_accepts(images.float().cpu(), torch.tensor([CHARSET.index(p) for p in prompts])).tolist()
     return Scores([float(r == p) for r, p in zip(reads, prompts)],
-                  [{"reads": r, "not_a_digit": float(r == "-")} for r in reads])  # fmt: skip
+                  [{"reads": r, "not_a_digit": float(r == "-"), "strict": float(r == p and s)}
+                   for r, p, s in zip(reads, prompts, shaped)])  # fmt: skip
