@@ -89,6 +89,11 @@ def main() -> None:
         for min_prob in args.min_prob:
             rows.append({"judge": path, "min_prob": min_prob, **measure(judge, min_prob, sets)})
             print(json.dumps(rows[-1]))
+    print_table(rows)
+
+
+def print_table(rows: list[dict]) -> None:
+    """The rows as a table: the first row's keys, then each row's values (floats to 3 places)."""
     keys = list(rows[0])
     print(" | ".join(keys))
     for row in rows:

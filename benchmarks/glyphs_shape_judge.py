@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable
 
 import torch
-from glyphs_judges import JUDGED, accepts, image_sets  # benchmarks/ is on sys.path when run as a script
+from glyphs_judges import JUDGED, accepts, image_sets, print_table  # benchmarks/ is on sys.path when run as a script
 
 from omnialign.worlds.glyphs.data import ASSETS, CHARSET, augment, bold_or_hazy, render
 from omnialign.worlds.glyphs.gold import MIN_PROB, GoldJudge
@@ -137,10 +137,7 @@ def main() -> None:
         kept = both(images, digits)
         left = [f"{names[i // 80]}[{i % 80}]" for i, m in enumerate(marks) if m == "no" and kept[i]]
         print(f"{name}: unreadable images CNN AND shape accepts: {', '.join(left) or 'none'}")
-    keys = list(rows[0])
-    print(" | ".join(keys))
-    for row in rows:
-        print(" | ".join(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys))
+    print_table(rows)
 
 
 if __name__ == "__main__":
