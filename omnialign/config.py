@@ -112,6 +112,9 @@ class RolloutConfig:
     """Transition inside the SDE window: sde (Flow-GRPO), cps, dance (DanceGRPO)."""
     eta: float = 1.0
     """Noise level of the SDE window steps."""
+    shared_init_noise: bool = False
+    """Every sample of a prompt's group starts from the same initial noise (DanceGRPO's `init_same_noise`); their SDE
+    steps still differ, so the rewards of a group differ by the policy's stochastic steps alone."""
     window_size: int = 4
     """W: SDE steps per sample; only these are stored and trained."""
     window_start: int = 0
@@ -623,6 +626,11 @@ def validate(config: Config) -> Config:
         (r.kind in ("sde", "cps", "dance"), f"rollout.kind={r.kind!r}: choose sde, cps or dance"),
         (config.algorithm.name in ALGORITHMS,
          f"algorithm.name={config.algorithm.name!r}: choose one of {', '.join(ALGORITHMS)}"),
+        (not r.shared_init_noise or (r.window_size > 0 and config.algorithm.name not in ("tempflow", "branchgrpo")),
+         f"rollout.shared_init_noise with rollout.window_size={r.window_size} and algorithm.name="
+         f"{config.algorithm.name}: a group sharing its initial noise differs only by SDE steps, so it needs an SDE "
+         "window (window_size > 0), and the branched rollouts (tempflow, branchgrpo) share a trunk already; set "
+         "rollout.shared_init_noise=false"),
         (config.algorithm.ref_update_every == 0 or (config.algorithm.ref_update_every > 0
                                                     and config.algorithm.name in ("online_dpo", "gardo")),
          f"algorithm.ref_update_every={config.algorithm.ref_update_every}: a positive number of steps, for "

@@ -137,3 +137,24 @@ def test_staging_rejects_bad_inputs_before_any_forward(world):
 def test_configs_staging_cannot_serve_are_rejected():
     with pytest.raises(ConfigError, match="cpu_offload"):
         validate(apply_overrides(RECIPES["debug"](), ["actor.timestep_staging=true", "engine.cpu_offload=true"]))
+
+
+def test_shared_init_noise_starts_each_group_from_one_noise():
+    """rollout.shared_init_noise (DanceGRPO's init_same_noise): the samples of a group start from the same noise,
+    other groups from another, and their SDE steps still make them differ; off, every sample starts from its own."""
+    config = validate(apply_overrides(RECIPES["debug"](), ["rollout.window_size=4", "rollout.kind=dance"]))
+    # a window over all 4 steps: the trajectory's first latents are the initial noise
+    policy, group, seeds = glyphs.load(), torch.arange(2).repeat_interleave(4), torch.arange(8) + 5
+    shared = dataclasses.replace(config.rollout, shared_init_noise=True, micro_batch_size=3)  # groups split by chunks
+    traj, images = generate(policy, ["1"] * 4 + ["7"] * 4, group, seeds, shared, torch.device("cpu"))
+    start = traj.latents[:, 0]
+    assert torch.equal(start[0], start[3]) and torch.equal(start[4], start[7]) and not torch.equal(start[0], start[4])
+    assert (images[0] - images[1]).abs().max() > 0.05  # the group's samples still differ
+    own, _ = generate(policy, ["1"] * 4 + ["7"] * 4, group, seeds, config.rollout, torch.device("cpu"))
+    assert not torch.equal(own.latents[0, 0], own.latents[1, 0])
+    assert not torch.equal(own.latents[0, 0], start[0])  # not any sample's own first draw either
+
+
+def test_shared_init_noise_needs_an_sde_window():
+    with pytest.raises(ConfigError, match="shared_init_noise"):
+        validate(apply_overrides(RECIPES["glyphs_nft"](), ["rollout.shared_init_noise=true"]))

@@ -74,16 +74,18 @@ def sample(
     starts: torch.Tensor | None = None,
     window: int = 0,
     device: torch.device | None = None,
+    initial: torch.Tensor | None = None,
 ) -> Sampled:
     """Denoise from per-sample noise along `sigmas` (N+1,) on `device` (None: the host); steps k in
     [starts_b, starts_b + window) of sample b use the `kind` transition with noise level eta, all others
     the ODE (Euler) step. `generators` are host generators, one per sample. `guidance` is a scale or a function
     of the step's sigma (B,) giving one (Wan 2.2 A14B: a scale per expert).
 
-    With window=0 this is plain ODE sampling (validation) and the captured tensors are empty.
+    With window=0 this is plain ODE sampling (validation) and the captured tensors are empty. `initial` (B,
+    *latent_shape) is the starting noise; None draws it from the generators first.
     """
     batch = len(generators)
-    x = per_sample_noise(generators, latent_shape, device)
+    x = per_sample_noise(generators, latent_shape, device) if initial is None else initial.to(device)
     starts = torch.zeros(batch, dtype=torch.long) if starts is None else starts
     in_window = [(starts <= k) & (k < starts + window) for k in range(len(sigmas) - 1)]
     latents, log_probs, means = [x], [], []

@@ -8,10 +8,14 @@ from tqdm import tqdm
 from omnialign.batch import Trajectory
 from omnialign.config import RolloutConfig
 from omnialign.diffusion import sde
-from omnialign.diffusion.sampling import Guidance, sample
+from omnialign.diffusion.sampling import Guidance, per_sample_noise, sample
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.flux2 import Flux2Policy
 from omnialign.models.wan import WanPolicy
+
+SHARED_INIT_OFFSET = 50_000
+"""`rollout.shared_init_noise` draws a group's initial noise from its first sample's seed plus this: a seed of no sample
+(a step's samples take seeds + 0 ... count - 1), so the shared noise is not also any sample's first SDE noise."""
 
 
 def sample_seeds(seed: int, step: int, count: int) -> torch.Tensor:
@@ -106,6 +110,9 @@ def generate(
     sigmas = policy.schedule(config.steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
     starts = window_starts(seeds, config, step, seed)
+    if config.shared_init_noise:  # DanceGRPO: a group starts from one noise, drawn from its first sample's seed
+        first = {g: i for i, g in reversed(list(enumerate(group.tolist())))}
+        init_seeds = seeds[[first[g] for g in group.tolist()]] + SHARED_INIT_OFFSET
     parts, images = [], []
     chunks = range(0, len(prompts), config.micro_batch_size)
     for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
@@ -116,6 +123,7 @@ def generate(
             guidance=lambda sigma: step_guidance(policy, sigma, config), cfg_rescale=config.cfg_rescale,
             kind=config.kind, eta=config.eta,
             starts=starts[sl], window=config.window_size, device=device,
+            initial=per_sample_noise(_generators(init_seeds[sl]), shape, device) if config.shared_init_noise else None,
         )  # fmt: skip
         images.append(policy.decode(out.final))
         on_chunk(images[-1], sl)
