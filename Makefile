@@ -27,15 +27,17 @@ test-slow: $(VENV)/.installed
 # The GPU tier (docs/testing.md), on a machine with a CUDA device and the packages already installed (no venv):
 # the CPU suite with its tiny models on the GPU (GPU_WORKERS pytest-xdist processes share the card), then every
 # released architecture at full size with random weights, one test at a time.
-# Each phase is a target of its own (test-gpu-1, test-gpu-2), for machines that limit a command's time.
+# Each phase is a target of its own (test-gpu-1, test-gpu-2), for machines that limit a command's time; phase 2
+# takes K, a pytest -k expression, to run in parts (docs/testing.md lists four parts of under 4 minutes each).
 GPU_WORKERS ?= 8
+K ?=
 test-gpu: test-gpu-1 test-gpu-2
 test-gpu-1:
 	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA device'"
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not gpu" -n $(GPU_WORKERS)
 test-gpu-2:
 	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA device'"
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rP
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rP $(if $(K),-k "$(K)")
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
