@@ -93,8 +93,8 @@ SHORT_OF_VIDEO = {
     "H200 0.200, 0.76, passed)",
     "glyphs_video": "+0.141 per frame and +0.147 of clips in 60 steps on the H200, +0.136 and +0.141 on the CPU: just "
     "short of +0.15",
-    "glyphs_video_cps": "+0.067 per frame in 60 steps",
-    "glyphs_video_dppo": "+0.081 per frame in 60 steps",
+    "glyphs_video_cps": "+0.067 per frame in 60 steps, on the H200 and the CPU alike",
+    "glyphs_video_dppo": "+0.081 per frame in 60 steps on the H200, +0.090 on the CPU",
     "glyphs_video_online_dpo": "+0.318 per frame and +0.319 of clips on the CPU with its reference refresh, no digit "
     "0.126 -> 0.022, but diversity 0.748 of the base's (0.262 -> 0.196), under three quarters by 0.002; on the H200 "
     "before the refresh +0.291, diversity 0.74",
