@@ -60,7 +60,8 @@ def glyphs_dance() -> Config:
     c.actor.lr = 2e-4  # one seed, 300 GPU steps, argmax gold: 0.887 (1e-4: 0.825; eta 0.7: 0.688); five seeds with
     # the confidence floor: 0.650-0.775, the slowest recipe (BENCHMARKS.md, the sweep with the floor)
     c.rollout.shared_init_noise = True  # DanceGRPO's init_same_noise (its released scripts): a group starts from one
-    # noise; 120 CPU steps, seed 0: gold 0.309 -> 0.644, not a digit 0.050 -> 0.022 (own noise: 0.606, 0.047)
+    # noise; 120 CPU steps, seed 0: gold 0.309 -> 0.644, not a digit 0.050 -> 0.022 (own noise: 0.606, 0.047); five
+    # GPU seeds x 300 steps: gold 0.663-0.800 (own noise: 0.650-0.775)
     return c
 
 
@@ -188,7 +189,8 @@ def glyphs_online_dpo() -> Config:
     c.algorithm.dpo_min_gap = 0.1  # pairs of saturated prompts are ties (docs/algorithms.md, online DPO)
     c.algorithm.dpo_beta = 800.0  # chosen before the empty-step fix (at 200 one of two 300-step GPU runs collapsed)
     # the reference follows the policy every 50 steps (TR-DPO's hard update, flow_grpo's ref_update_step): with the
-    # base model as reference 2 of 10 GPU runs collapsed over two sweeps, with this 0 of 5 (BENCHMARKS.md)
+    # base model as reference 2 of 10 GPU runs collapsed over two sweeps, with this 0 of 5 and then 1 of 5, a dip of
+    # 0.225 that recovered (BENCHMARKS.md)
     c.algorithm.ref_update_every = 50
     c.actor.micro_batch_size = 8
     c.actor.mini_batch_size = None
