@@ -1,14 +1,15 @@
 """Measure gold judges of the glyphs world against a person's reading (issue 29, item 3).
 
-    python benchmarks/glyphs_judges.py [JUDGE_FOLDER ...] [--min-prob P ...]   # default: the shipped judge
+    python benchmarks/glyphs_judges.py [JUDGE_FOLDER ...] [--min-prob P ...] [--labelled DIR]  # default: shipped judge
 
 For each judge folder (a `GoldJudge.save_pretrained` folder) and each acceptance threshold P (an image counts as
 the prompted digit when the judge reads it and gives it probability >= P; 0 is the plain argmax), prints one
 table row:
 
 - on the person-labelled RL samples of `benchmarks/glyphs/judged/` (320 step-300 validation images; labels.json
-  marks each as readable as the prompted digit, unreadable, or unsure): the share of unreadable images it accepts
-  (goal under 2%), of readable images it accepts, and of unsure ones;
+  marks each as readable as the prompted digit, unreadable, or unsure), or of `--labelled DIR` (the held-out set
+  `benchmarks/glyphs/judged_84a7a35/`, labelled after the judges were designed): the share of unreadable images it
+  accepts (goal under 2%), of readable images it accepts, and of unsure ones;
 - on 2,000 fresh renders of the renderer (seed 999): the share it accepts (goal at least 97%);
 - on the renderer's digits distorted as in training and drawn bold or hazy: its accuracy;
 - on the saved RL hacks (`gold/rl_negatives.pt`, which the shipped judge trained on): the share it reads as no
@@ -27,12 +28,12 @@ from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
 JUDGED = Path(__file__).parent / "glyphs" / "judged"
 
 
-def labelled() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """The person-labelled images (N, 1, 32, 32) in [0, 1], their prompted digit (N,), and each label."""
-    labels = json.loads((JUDGED / "labels.json").read_text())
+def labelled(folder: Path = JUDGED) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """The person-labelled images (N, 1, 32, 32) in [0, 1] of a folder, their prompted digit (N,), and each label."""
+    labels = json.loads((folder / "labels.json").read_text())
     images, digits, marks = [], [], []
     for name, entry in labels.items():
-        saved = torch.load(JUDGED / f"{name}.pt")
+        saved = torch.load(folder / f"{name}.pt")
         images.append(saved["images"].float() / 255)
         digits += [CHARSET.index(p) for p in saved["prompts"]]
         marks += ["no" if i in entry["no"] else "unsure" if i in entry["unsure"] else "yes" for i in range(80)]
@@ -47,14 +48,14 @@ def accepts(judge: GoldJudge, images: torch.Tensor, digits: torch.Tensor, min_pr
     return (probs.argmax(-1) == digits) & (chosen >= min_prob)
 
 
-def image_sets() -> dict[str, tuple[torch.Tensor, ...]]:
+def image_sets(folder: Path = JUDGED) -> dict[str, tuple[torch.Tensor, ...]]:
     """Every set a judge is measured on, drawn once: the labelled images (images, digits, marks), then (images,
     digits) for the renders, the distorted renders and the bold or hazy ones, and the RL hacks (images,)."""
     texts = [CHARSET[i % 10] for i in range(2000)]
     target = torch.tensor([i % 10 for i in range(2000)])
     g = torch.Generator().manual_seed(999)
     return {
-        "labelled": labelled(),
+        "labelled": labelled(folder),
         "renders": ((render(texts, seed=999) + 1) / 2, target),
         "distorted": ((augment(render(texts, seed=998), g) + 1) / 2, target),
         "bold_or_hazy": ((augment(bold_or_hazy(render(texts, seed=997), g), g, 0.5) + 1) / 2, target),
@@ -82,8 +83,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("judges", nargs="*", default=[str(ASSETS / "gold")])
     p.add_argument("--min-prob", type=float, nargs="*", default=[0.0])
+    p.add_argument("--labelled", type=Path, default=JUDGED, help=f"a folder of labelled images (default {JUDGED})")
     args = p.parse_args()
-    rows, sets = [], image_sets()
+    rows, sets = [], image_sets(args.labelled)
     for path in args.judges:
         judge = GoldJudge.from_pretrained(path).eval()
         for min_prob in args.min_prob:

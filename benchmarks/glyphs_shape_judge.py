@@ -3,6 +3,7 @@ renderer's own glyphs (issue 29, item 3).
 
     python benchmarks/glyphs_shape_judge.py                # CNN@0.7 alone, the shape check alone, CNN AND shape
     python benchmarks/glyphs_shape_judge.py --all-designs  # also every shape design that was tried (about 1 min)
+    python benchmarks/glyphs_shape_judge.py --labelled benchmarks/glyphs/judged_84a7a35  # the held-out labelled set
 
 The check itself is `omnialign.worlds.glyphs.shape` (its docstring says how it works); the gold judge reports
 it as `val/gold/strict` with the renderer's 100 clean glyphs as templates. This script measures it and the design
@@ -24,6 +25,7 @@ another digit (a 5 like a 6, 6s and a 9 like 8s), whose closed loops the rendere
 import argparse
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from glyphs_judges import JUDGED, accepts, image_sets, print_table  # benchmarks/ is on sys.path when run as a script
@@ -94,9 +96,10 @@ def measure(judge: Judge, sets: dict[str, tuple[torch.Tensor, ...]]) -> dict[str
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--all-designs", action="store_true", help="also measure every shape design that was tried")
+    p.add_argument("--labelled", type=Path, default=JUDGED, help=f"a folder of labelled images (default {JUDGED})")
     args = p.parse_args()
     torch.set_num_threads(1)
-    sets, cal = image_sets(), calibration_sets()
+    sets, cal = image_sets(args.labelled), calibration_sets()
     cnn = GoldJudge.from_pretrained(str(ASSETS / "gold")).eval()
     memo: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -106,7 +109,7 @@ def main() -> None:
             memo[key] = accepts(cnn, images, digits, MIN_PROB)
         return memo[key]
 
-    names = list(json.loads((JUDGED / "labels.json").read_text()))
+    names = list(json.loads((args.labelled / "labels.json").read_text()))
     constants = {0: (MARGIN, LIMIT), BANK: (BANK_MARGIN, BANK_LIMIT)}
     designs = {
         "clean templates, relative + absolute (shipped: val/gold/strict)": (0, True, True),
