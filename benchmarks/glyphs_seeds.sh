@@ -4,12 +4,13 @@
 #   benchmarks/glyphs_seeds.sh OUT [STEPS [SEEDS [RECIPE ...]]]   # defaults: 300 steps, seeds 0-4, the recipes below
 # writes OUT/runs/RECIPE_sSEED/{metrics.jsonl,samples/step_*.{png,pt}} and OUT/logs/, then summarises the runs into
 # OUT/seeds.json and OUT/seeds.png with benchmarks/glyphs_seeds.py (`--into benchmarks/glyphs/seeds.json` there
-# merges a sweep into the shipped table). Runs go round-robin over the GPUs.
+# merges a sweep into the shipped table). Runs go round-robin over the GPUs. A variant of the recipes: SET="KEY=VALUE
+# ..." adds config overrides to every run and TAG=_name a suffix to their names (RECIPE_name_sSEED; its own row).
 out=$1; steps=${2:-300}; seeds=${3:-5}; shift $(($# < 3 ? $# : 3))
 recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_dgpo glyphs_gardo glyphs_tempflow glyphs_branch glyphs_online_dpo glyphs_distill}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1)); jobs=${JOBS:-$(nproc)}  # before OMP_NUM_THREADS=1, which nproc obeys
 mkdir -p $out/runs $out/logs
-export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1
+export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1 SET TAG
 $PYTHON - > $out/meta.json <<'PY'
 import datetime, json, os, subprocess, torch
 device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -21,8 +22,8 @@ i=0
 for r in $recipes; do
   for s in $(seq 0 $((seeds - 1))); do echo "$((i % gpus)) $r $s"; i=$((i + 1)); done
 done | xargs -P $jobs -L 1 bash -c '
-  CUDA_VISIBLE_DEVICES=$0 $PYTHON -m omnialign train $1 seed=$2 name=$1_s$2 trainer.total_steps=$steps \
+  CUDA_VISIBLE_DEVICES=$0 $PYTHON -m omnialign train $1 seed=$2 name=$1${TAG}_s$2 trainer.total_steps=$steps \
     trainer.val_every=10 trainer.save_every=$steps trainer.progress=false trainer.save_val_images=true \
-    trainer.output_dir=$out/runs > $out/logs/$1_s$2.log 2>&1 && echo "done $1 seed $2" \
-    || echo "FAILED $1 seed $2: $out/logs/$1_s$2.log"'
+    trainer.output_dir=$out/runs $SET > $out/logs/$1${TAG}_s$2.log 2>&1 && echo "done $1$TAG seed $2" \
+    || echo "FAILED $1$TAG seed $2: $out/logs/$1${TAG}_s$2.log"'
 $PYTHON benchmarks/glyphs_seeds.py $out
