@@ -271,6 +271,10 @@ class AlgorithmConfig:
     """DPO loss: sigmoid, ipo or hinge."""
     label_smoothing: float = 0.0
     """DPO label smoothing (conservative DPO)."""
+    dpo_positive: float = 0.0
+    """DPO-Positive's lambda (DPOP, Smaug): the preference margin is lowered by lambda times how far the policy scores
+    the chosen sample below the reference (Diffusion-DPO: by lambda * max(0, e_w - e_ref,w) / 2), so that the loss
+    cannot fall by making the winner less likely too; 0 is plain DPO (the DPOP paper: 5-500 for language models)."""
     dpo_min_gap: float = 0.0
     """Diffusion-DPO: pairs whose reward gap (winner - loser) is below this get no loss (ties once most samples of a
     prompt are right carry no preference, and training on them lets the policy drift). The loss is the mean over
@@ -631,6 +635,8 @@ def validate(config: Config) -> Config:
          f"{config.algorithm.name}: a group sharing its initial noise differs only by SDE steps, so it needs an SDE "
          "window (window_size > 0), and the branched rollouts (tempflow, branchgrpo) share a trunk already; set "
          "rollout.shared_init_noise=false"),
+        (config.algorithm.dpo_positive >= 0,
+         f"algorithm.dpo_positive={config.algorithm.dpo_positive} must be >= 0 (DPOP's lambda; 0 is plain DPO)"),
         (config.algorithm.ref_update_every == 0 or (config.algorithm.ref_update_every > 0
                                                     and config.algorithm.name in ("online_dpo", "gardo")),
          f"algorithm.ref_update_every={config.algorithm.ref_update_every}: a positive number of steps, for "

@@ -145,6 +145,18 @@ def test_dpo_losses_hand_values():
     assert m["dpo/chosen_reward"].item() == pytest.approx(0.05)
 
 
+def test_dpo_positive_hand_values():
+    """DPOP (Pal et al. 2024, eq. 3): -log sigmoid(beta * (lr_w - lr_l - lambda * max(0, -lr_w))), lr the log-ratios."""
+    below = t(-1.0), t(-2.0), t(-0.5), t(-1.5)  # log-ratio_w = -0.5, log-ratio_l = -0.5: plain z = 0
+    loss, m = preference.dpo_loss(*below, beta=0.1, positive=2.0)  # z = 0 - 2 * 0.5 = -1
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(0.1))))
+    assert m["dpo/accuracy"].item() == 0.0 and m["dpo/margin"].item() == pytest.approx(0.0)  # rewards stay DPO's
+    above = t(-1.0), t(-2.0), t(-1.5), t(-1.5)  # the chosen above the reference: no penalty
+    assert preference.dpo_loss(*above, beta=0.1, positive=2.0)[0].item() == pytest.approx(
+        preference.dpo_loss(*above, beta=0.1)[0].item()
+    )
+
+
 def test_dpo_reproduces_diffusion_dpo_with_half_negative_errors():
     e_w, e_ref_w, e_l, e_ref_l, beta = 0.2, 0.3, 0.5, 0.4, 100.0
     expected = -math.log(1 / (1 + math.exp(-(-0.5 * beta * ((e_w - e_ref_w) - (e_l - e_ref_l))))))

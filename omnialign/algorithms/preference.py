@@ -17,13 +17,16 @@ def dpo_loss(
     beta: float,
     kind: str = "sigmoid",
     label_smoothing: float = 0.0,
+    positive: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-pair loss (P,) and metrics; every input is (P,).
 
-    z = (chosen - rejected) - (ref_chosen - ref_rejected);
+    z = (chosen - rejected) - (ref_chosen - ref_rejected) - positive * max(0, ref_chosen - chosen);
     sigmoid: -(1-ls)*log sigmoid(beta*z) - ls*log sigmoid(-beta*z); ipo: (z - 1/(2 beta))^2; hinge: max(0, 1 - beta*z).
+    `positive` is DPO-Positive's lambda (DPOP, Pal et al. 2024): the margin pays for every unit by which the policy
+    scores the chosen sample below the reference, so the loss cannot be lowered by making both samples less likely.
     """
-    z = (chosen - rejected) - (ref_chosen - ref_rejected)
+    z = (chosen - rejected) - (ref_chosen - ref_rejected) - positive * torch.relu(ref_chosen - chosen)
     if kind == "sigmoid":
         loss = -(1 - label_smoothing) * F.logsigmoid(beta * z) - label_smoothing * F.logsigmoid(-beta * z)
     elif kind == "ipo":

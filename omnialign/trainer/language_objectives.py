@@ -123,7 +123,8 @@ def dpo_objective(policy: LanguagePolicy, algorithm: AlgorithmConfig, reference:
             with torch.no_grad(), reference():
                 ref_logp = response_logprobs(policy, inputs)
         ref = pair_scores(ref_logp, mask, a.average_log_prob)
-        loss, metrics = dpo_loss(*split_pairs(score), *split_pairs(ref), a.dpo_beta, a.dpo_loss, a.label_smoothing)
+        loss, metrics = dpo_loss(*split_pairs(score), *split_pairs(ref), a.dpo_beta, a.dpo_loss, a.label_smoothing,
+                                 a.dpo_positive)  # fmt: skip
         outputs = {"accuracy": metrics["dpo/accuracy"], "margin": metrics["dpo/margin"]}
         return loss.repeat_interleave(2), {k: v.mean() for k, v in metrics.items()}, outputs
 

@@ -398,7 +398,7 @@ def dpo_objective(policy: DiffusionPolicy, config: Config, reference: Context) -
         with torch.no_grad(), reference():
             e_ref = errors(x0, noise, sigma, cond).view(-1, 2)
         loss, metrics = preference.dpo_loss(-e[:, 0] / 2, -e[:, 1] / 2, -e_ref[:, 0] / 2, -e_ref[:, 1] / 2,
-                                            a.dpo_beta, a.dpo_loss, a.label_smoothing)  # fmt: skip
+                                            a.dpo_beta, a.dpo_loss, a.label_smoothing, a.dpo_positive)  # fmt: skip
         w = inputs["weight"]  # means over the kept pairs
         metrics = {name: value * w for name, value in metrics.items()}
         if a.dpo_min_gap > 0:

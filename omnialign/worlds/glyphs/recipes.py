@@ -183,7 +183,7 @@ def glyphs_branch() -> Config:
 
 def glyphs_online_dpo() -> Config:
     """Online Diffusion-DPO: the best and the worst of each prompt's 8 samples, against a reference refreshed to the
-    policy every 50 steps (beta 800)."""
+    policy every 50 steps (beta 800), with DPO-Positive's penalty on a winner scored below the reference."""
     c = _variant("glyphs_online_dpo", "online_dpo")
     c.rollout.window_size = 0
     c.algorithm.dpo_min_gap = 0.1  # pairs of saturated prompts are ties (docs/algorithms.md, online DPO)
@@ -192,6 +192,10 @@ def glyphs_online_dpo() -> Config:
     # base model as reference 2 of 10 GPU runs collapsed over two sweeps, with this 0 of 5 and then 1 of 5, a dip of
     # 0.225 that recovered (BENCHMARKS.md)
     c.algorithm.ref_update_every = 50
+    # DPOP (docs/algorithms.md): the 84a7a35 sweep's dip came with the policy worse than its reference on its own
+    # winners (implicit rewards -55 chosen, -81 rejected); 60 CPU steps: gold 0.675, not a digit 0.044 (plain: 0.569,
+    # 0.156; lambda 5: 0.644, 0.053)
+    c.algorithm.dpo_positive = 1.0
     c.actor.micro_batch_size = 8
     c.actor.mini_batch_size = None
     c.actor.lr = 1e-4
