@@ -273,7 +273,8 @@ def glyphs_video() -> Config:
     """FlowGRPO on the glyphs video task: a 4-frame clip shows the asked-for digit on every frame."""
     c = _video(glyphs(), "glyphs_video")
     # a third of the text-to-image recipe's reference KL: 60 CPU steps, seed 0: +0.205 gold per frame, no digit
-    # 0.126 -> 0.085 (KL 0.1: +0.136; KL 0: +0.168 with the reward 0.17 above the gold); BENCHMARKS.md, video task
+    # 0.126 -> 0.085 (KL 0.1: +0.136; KL 0: +0.168 with the reward 0.17 above the gold); seed 1 only +0.102
+    # (BENCHMARKS.md, video task)
     c.algorithm.kl_coef = 0.03
     return c
 
