@@ -55,6 +55,23 @@ def _variant(base: Config, name: str) -> Config:
     return base
 
 
+def flux_ocr_dance_lora() -> Config:
+    """DanceGRPO on FLUX.1-dev OCR (XueZeyue/DanceGRPO scripts/finetune/finetune_flux_grpo.sh, an HPSv2 run): 12 images
+    a prompt from one shared initial noise, its Dance SDE (eta 0.3) at static shift 3 over 16 steps, 9 of the first
+    15 trained (its timestep_fraction 0.6 with ignore_last), clip 1e-4, advantages clipped to +-5, no KL. Ours: OCR for
+    HPSv2, the base's LoRA r64/a128 at lr 3e-4 where it fine-tunes every weight at lr 1e-5, 512x512 where it renders
+    720x720, and the 9 steps a contiguous window with ODE steps around it, where it samples every step by the SDE
+    and trains a random subset (the same forwards and trained rows a step). BranchGRPO's speed claim is against it."""
+    c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_dance_lora")
+    c.model.shift = 3.0
+    c.rollout.n, c.rollout.steps = 12, 16
+    c.rollout.kind, c.rollout.eta, c.rollout.shared_init_noise = "dance", 0.3, True
+    c.rollout.window_size, c.rollout.window_start, c.rollout.window_end = 9, 0, 15
+    c.rollout.micro_batch_size = c.actor.micro_batch_size = 12
+    c.algorithm.clip_range, c.algorithm.adv_clip, c.algorithm.kl_coef = 1e-4, 5.0, 0.0
+    return c
+
+
 def flux_ocr_grpo_guard_lora() -> Config:
     """GRPO-Guard on FLUX.1-dev OCR (LoRA): FlowGRPO with ratio normalisation and step reweighting."""
     c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_grpo_guard_lora")
@@ -233,7 +250,7 @@ def flux_kontext_edit_online_dpo_lora() -> Config:
 
 
 RECIPES = {f.__name__: f for f in (
-    flux_ocr_flowgrpo_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora, flux_ocr_nft_lora,
+    flux_ocr_flowgrpo_lora, flux_ocr_dance_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora, flux_ocr_nft_lora,
     flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_ocr_tempflow_lora, flux_ocr_branchgrpo_lora,
     flux_kontext_edit_flowgrpo_lora, flux_kontext_edit_grpo_guard_lora, flux_kontext_edit_mixgrpo_lora,
     flux_kontext_edit_dppo_lora, flux_kontext_edit_nft_lora, flux_kontext_edit_online_dpo_lora,
