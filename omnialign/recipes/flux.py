@@ -250,8 +250,9 @@ def flux_kontext_edit_online_dpo_lora() -> Config:
 
 
 RECIPES = {f.__name__: f for f in (
-    flux_ocr_flowgrpo_lora, flux_ocr_dance_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora, flux_ocr_nft_lora,
-    flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_ocr_tempflow_lora, flux_ocr_branchgrpo_lora,
-    flux_kontext_edit_flowgrpo_lora, flux_kontext_edit_grpo_guard_lora, flux_kontext_edit_mixgrpo_lora,
-    flux_kontext_edit_dppo_lora, flux_kontext_edit_nft_lora, flux_kontext_edit_online_dpo_lora,
+    flux_ocr_flowgrpo_lora, flux_ocr_dance_lora, flux_ocr_grpo_guard_lora, flux_ocr_mixgrpo_lora, flux_ocr_dppo_lora,
+    flux_ocr_nft_lora, flux_ocr_online_dpo_lora, flux_ocr_awm_lora, flux_ocr_gardo_lora, flux_ocr_tempflow_lora,
+    flux_ocr_branchgrpo_lora, flux_kontext_edit_flowgrpo_lora, flux_kontext_edit_grpo_guard_lora,
+    flux_kontext_edit_mixgrpo_lora, flux_kontext_edit_dppo_lora, flux_kontext_edit_nft_lora,
+    flux_kontext_edit_online_dpo_lora,
 )}  # fmt: skip
