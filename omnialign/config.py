@@ -339,8 +339,8 @@ class EngineConfig:
     reshard_after_forward: bool = True
     """Free gathered parameters after each block's forward (less memory, one more all-gather in backward)."""
     compile: bool = False
-    """Compile each block's forward with torch.compile (regional: one graph per block and batch shape,
-    reused by every block; the first steps pay the compile time)."""
+    """Compile each block's forward with torch.compile (regional: one graph per batch shape and grad mode, reused by
+    every block, up to 64 of them (`engine.fsdp.RECOMPILE_LIMIT`); the first steps pay the compile time)."""
     cudnn_attention: bool = True
     """Let PyTorch's attention (SDPA) pick its cuDNN kernel on CUDA in the trained network's blocks (and its frozen
     copies'); false restricts those blocks alone, not the rest of the process (engine/fsdp.py). The FLUX recipes turn
