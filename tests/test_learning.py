@@ -32,6 +32,9 @@ GLYPHS_RECIPES = ["glyphs", "glyphs_cps", "glyphs_dance", "glyphs_mixgrpo", "gly
 # DanceGRPO drew a few glitchy digit hybrids at step 60 (not a digit 0.050 -> 0.062 of the 320 images on the CPU,
 # with its window anywhere); with the window in steps 0-4, at 120 steps: gold 0.309 -> 0.753, not a digit 0.019.
 STEPS = {"glyphs_dance": 120}
+# the rise in the share judged "not a digit" that every learning check allows (10 of 320 images): the sampling noise of
+# a difference of two such shares, not a rise in hacks (see the text-to-image check)
+SLACK = 0.03
 
 
 @pytest.mark.slow
@@ -48,7 +51,7 @@ def test_algorithm_raises_gold_accuracy_without_collapse(recipe, tmp_path):
     # failed Flow-DPPO before (2026-11-30), each passing in the other run: the random streams had moved, not the
     # learning (the standard error of the difference is about 0.017). Over five seeds x 300 GPU steps (80 images,
     # base 0.038) twelve recipes end at 0.062 or less on every seed, DanceGRPO and online DPO at up to 0.113.
-    assert summary["val/gold/not_a_digit_after"] <= summary["val/gold/not_a_digit_before"] + 0.03 + 1e-6, summary
+    assert summary["val/gold/not_a_digit_after"] <= summary["val/gold/not_a_digit_before"] + SLACK + 1e-6, summary
     assert summary["val_after"] > summary["val_before"], summary
     assert summary["val/diversity_after"] >= 0.75 * summary["val/diversity_before"], summary
     records = read_metrics(tmp_path / recipe / "metrics.jsonl")
@@ -81,7 +84,7 @@ def test_edit_recipe_raises_gold_accuracy_and_keeps_the_place(recipe, tmp_path):
     gold = summary["val/gold/accuracy_after"] - summary["val/gold/accuracy_before"]
     assert gold >= 0.15 - 1e-6, summary
     assert summary["val/gold/kept_after"] >= summary["val/gold/kept_before"] - 0.02 - 1e-6, summary
-    assert summary["val/gold/not_a_digit_after"] <= summary["val/gold/not_a_digit_before"] + 0.03 + 1e-6, summary
+    assert summary["val/gold/not_a_digit_after"] <= summary["val/gold/not_a_digit_before"] + SLACK + 1e-6, summary
     assert summary["val_after"] > summary["val_before"], summary
     records = read_metrics(tmp_path / recipe / "metrics.jsonl")
     assert all(r["actor/skipped_updates"] == 0 for r in records if "actor/skipped_updates" in r)
@@ -121,7 +124,7 @@ def test_video_recipe_raises_gold_accuracy_per_frame(recipe, tmp_path):
     gold = summary["val/gold/accuracy_after"] - summary["val/gold/accuracy_before"]
     assert gold >= 0.15 - 1e-6, summary
     assert summary["val/gold/clip_after"] - summary["val/gold/clip_before"] >= 0.10 - 1e-6, summary
-    assert summary["val/gold/not_a_digit_after"] <= summary["val/gold/not_a_digit_before"] + 0.03 + 1e-6, summary
+    assert summary["val/gold/not_a_digit_after"] <= summary["val/gold/not_a_digit_before"] + SLACK + 1e-6, summary
     assert summary["val_after"] > summary["val_before"], summary
     assert summary["val/diversity_after"] >= 0.75 * summary["val/diversity_before"], summary
     records = read_metrics(tmp_path / recipe / "metrics.jsonl")
