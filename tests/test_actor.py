@@ -65,6 +65,22 @@ def test_outputs_are_discarded_by_default_and_retention_changes_nothing(world):
     assert sorted(out["index"].tolist()) == list(range(8))
 
 
+def test_a_smaller_last_micro_batch_gives_the_same_update(world):
+    """8 rows in passes of 3, 3 and 2: the same loss, metrics and trained weights as passes of 4 (each pass's loss
+    scaled by its rows, metrics averaged over rows, not over passes)."""
+    config, policy, traj = world
+    traj = traj.clone()
+    traj.advantages = torch.linspace(0.1, 1.5, 8) ** 2  # uneven, so that a mean over passes differs from one over rows
+    skewed = config, policy, traj
+    even, p_even = train_once(skewed, micro_batch_size=4)
+    ragged, p_ragged = train_once(skewed, micro_batch_size=3)
+    assert ragged.metrics.keys() == even.metrics.keys()
+    for k in even.metrics:
+        torch.testing.assert_close(ragged.metrics[k], even.metrics[k], rtol=1e-5, atol=1e-7, msg=k)
+    for x, y in zip(p_ragged, p_even):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-4)  # Adam's first step near a zero gradient
+
+
 def test_forward_only_calls_return_complete_outputs(world):
     config, policy, traj = world
     out = actor.infer(objectives.log_prob_objective(policy, config.rollout), traj, micro_batch_size=3)

@@ -140,12 +140,15 @@ def test_every_field_is_documented():
 
 
 def test_micro_batch_fits_each_device_share():
-    """The largest micro-batch up to the configured one that divides the device's share of the mini-batch."""
+    """The configured micro-batch, rounded down to the unit and to the device's share of the mini-batch; one that
+    does not divide the share is kept (its last micro-batch is smaller), not shrunk to a divisor."""
     a = RECIPES["glyphs"]().actor  # micro 32, mini 32 of a 64-sample batch
     assert (local_config(a, 64, 1, 1).mini_batch_size, local_config(a, 64, 1, 1).micro_batch_size) == (32, 32)
     assert (local_config(a, 64, 1, 2).mini_batch_size, local_config(a, 64, 1, 2).micro_batch_size) == (16, 16)
     seven = dataclasses.replace(a, micro_batch_size=7)
-    assert local_config(seven, 64, 1, 1).micro_batch_size == 4
+    assert local_config(seven, 64, 1, 1).micro_batch_size == 7
+    tree = dataclasses.replace(a, micro_batch_size=16, mini_batch_size=None)  # a BranchGRPO tree: 218 = 2 x 109 rows
+    assert local_config(tree, 218, 1, 1).micro_batch_size == 16
     whole = dataclasses.replace(a, micro_batch_size=3, mini_batch_size=None)
     assert (local_config(whole, 32, 2, 4).mini_batch_size, local_config(whole, 32, 2, 4).micro_batch_size) == (8, 2)
 
@@ -160,7 +163,8 @@ def test_every_recipe_runs_on_every_device_count_that_divides_its_prompts():
             check_world_size(config, world)
             local = local_config(config.actor, batch, multiple, world)
             assert local.mini_batch_size * world == (config.actor.mini_batch_size or batch), (name, world)
-            assert local.mini_batch_size % local.micro_batch_size == 0 and local.micro_batch_size % multiple == 0
+            assert local.micro_batch_size <= min(config.actor.micro_batch_size, local.mini_batch_size), (name, world)
+            assert local.micro_batch_size % multiple == 0 and local.mini_batch_size % multiple == 0, (name, world)
 
 
 def test_a_device_count_that_splits_a_prompt_group_is_refused():

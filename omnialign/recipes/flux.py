@@ -181,11 +181,12 @@ def flux_ocr_branchgrpo_lora() -> Config:
     """BranchGRPO on FLUX.1-dev OCR (Fredreic1849/BranchGRPO scripts/finetune/finetune_flux_branchgrpo_8gpus.sh, an
     HPSv2.1 run): 16 prompts a step (its 2 trees per GPU x 8 GPUs), one tree each: Dance SDE (eta 0.3) on all 20
     steps at its static shift 3 (28 ODE steps to validate), splitting in two at steps 0, 3, 6 and 9: 16 leaves, 218
-    edges a tree, 3488 rows a step in one optimizer step (micro-batches of 4: 109 is prime, so 4 is the largest
-    micro-batch that divides each GPU's 436 rows on 8 GPUs); clip 1e-3, advantages clipped to +-5, no KL, mean
+    edges a tree, 3488 rows a step in one optimizer step; clip 1e-3, advantages clipped to +-5, no KL, mean
     fusion, no pruning, 300 steps (its iterations). Ours: OCR for HPSv2.1, the base's LoRA r64/a128 at lr 3e-4 where
     the reference fine-tunes every weight at lr 1e-5, the base's 512x512 where it renders 720x720 (2025 tokens a
-    sample against 1024; `rollout.height=rollout.width=720` for its size).
+    sample against 1024; `rollout.height=rollout.width=720` for its size). Micro-batches of 16 rows, FlowGRPO's at
+    512x512, where the reference's 4 divide each of its 8 GPUs' 436 rows (109 is prime): passes of 2 or 4 rows cost
+    more than their arithmetic (BENCHMARKS.md, BranchGRPO against DanceGRPO).
     Split noise 1 (ours), not its 4: with 1 each stored log-prob is the density its sample was drawn from, where its
     split children are drawn 4x wider than the std that scores them (and their log-prob gradient is 4x larger); on
     glyphs its Dance eta 0.3 with 4x split noise stayed flat over 100 steps (BENCHMARKS.md "BranchGRPO on glyphs").
@@ -200,7 +201,7 @@ def flux_ocr_branchgrpo_lora() -> Config:
     c.rollout.split_steps, c.rollout.split_factor, c.rollout.split_noise_scale = [0, 3, 6, 9], 2, 1.0
     c.rollout.window_size, c.rollout.window_end = 0, None  # every edge of the tree is an SDE row
     c.algorithm.clip_range, c.algorithm.adv_clip, c.algorithm.kl_coef = 1e-3, 5.0, 0.0
-    c.actor.micro_batch_size, c.actor.mini_batch_size = 4, None
+    c.actor.micro_batch_size, c.actor.mini_batch_size = 16, None
     c.trainer.total_steps = 300
     return c
 

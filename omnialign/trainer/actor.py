@@ -52,10 +52,11 @@ class UpdateResult(NamedTuple):
 
 def local_config(config: ActorConfig, batch: int, multiple: int, world_size: int) -> ActorConfig:
     """One device's actor settings for a training batch of `batch` rows across `world_size` devices: its
-    share of the mini-batch, and the largest micro-batch up to `config.micro_batch_size` (a multiple of
-    `multiple`) that divides that share. The gradient of a mini-batch does not depend on the micro-batch."""
+    share of the mini-batch, and micro-batches of `config.micro_batch_size` rows at most, rounded down to a
+    multiple of `multiple`; where they do not divide the share, its last micro-batch is smaller. The gradient of a
+    mini-batch does not depend on the micro-batch."""
     mini = (config.mini_batch_size or batch) // world_size
-    micro = max(m for m in range(multiple, min(config.micro_batch_size, mini) + 1, multiple) if mini % m == 0)
+    micro = max(multiple, min(config.micro_batch_size, mini) // multiple * multiple)
     return dataclasses.replace(config, mini_batch_size=mini, micro_batch_size=micro)
 
 
@@ -137,15 +138,16 @@ def _run(
 
 
 class _Mean:
-    """Running means of metric tensors, on the device, without host syncs."""
+    """Running means of metric tensors over all their elements, so that a smaller last micro-batch counts for its
+    rows only; on the device, without host syncs."""
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
 
     def add(self, name: str, value: torch.Tensor) -> None:
-        self.sums[name] = self.sums.get(name, 0) + value.detach().float().mean()
-        self.counts[name] = self.counts.get(name, 0) + 1
+        self.sums[name] = self.sums.get(name, 0) + value.detach().float().sum()
+        self.counts[name] = self.counts.get(name, 0) + value.numel()
 
     def result(self) -> dict[str, torch.Tensor]:
         return {name: total / self.counts[name] for name, total in self.sums.items()}
