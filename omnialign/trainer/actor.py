@@ -56,7 +56,7 @@ def local_config(config: ActorConfig, batch: int, multiple: int, world_size: int
     multiple of `multiple`; where they do not divide the share, its last micro-batch is smaller. The gradient of a
     mini-batch does not depend on the micro-batch."""
     mini = (config.mini_batch_size or batch) // world_size
-    micro = max(multiple, min(config.micro_batch_size, mini) // multiple * multiple)
+    micro = min(config.micro_batch_size, mini) // multiple * multiple
     return dataclasses.replace(config, mini_batch_size=mini, micro_batch_size=micro)
 
 
