@@ -17,23 +17,12 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from omnialign.engine import dist, fsdp
-from omnialign.models import lora
+from omnialign.models import lora, tiny
 from omnialign.models.flux import LORA_TARGETS
 
 torch.manual_seed(0)
 world = dist.init()
-base = FluxTransformer2DModel(
-    patch_size=1,
-    in_channels=16,
-    num_layers=19,
-    num_single_layers=38,
-    attention_head_dim=16,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    pooled_projection_dim=32,
-    guidance_embeds=True,
-    axes_dims_rope=(4, 6, 6),
-)
+base = FluxTransformer2DModel(**{**tiny.FLUX_TRANSFORMER, "num_layers": 19, "num_single_layers": 38})
 lora.apply_lora(base, 8, 16, LORA_TARGETS, None)
 n_params = sum(1 for _ in base.parameters())
 b, img, txt = 2, 64, 32
@@ -46,34 +35,20 @@ t = torch.rand(b)
 g = torch.full((b,), 3.5)
 
 
+def call(net):
+    return net(hidden_states=x, timestep=t, guidance=g, pooled_projections=pooled, encoder_hidden_states=enc,
+               txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]  # fmt: skip
+
+
 def passes(net, n):
     for _ in range(n):
-        out = net(
-            hidden_states=x,
-            timestep=t,
-            guidance=g,
-            pooled_projections=pooled,
-            encoder_hidden_states=enc,
-            txt_ids=txt_ids,
-            img_ids=img_ids,
-            return_dict=False,
-        )[0]
-        out.float().square().mean().backward()
+        call(net).float().square().mean().backward()
 
 
 def forward_only(net, n):
     with torch.no_grad():
         for _ in range(n):
-            net(
-                hidden_states=x,
-                timestep=t,
-                guidance=g,
-                pooled_projections=pooled,
-                encoder_hidden_states=enc,
-                txt_ids=txt_ids,
-                img_ids=img_ids,
-                return_dict=False,
-            )
+            call(net)
 
 
 variant = sys.argv[1]

@@ -261,6 +261,12 @@ FLUX_SCHEDULER = dict(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=
                       num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True)  # fmt: skip
 
 
+# the tiny FLUX.1 transformer: 2 double- and 2 single-stream blocks of width 32, 4 latent channels packed to 16
+FLUX_TRANSFORMER = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+                        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+                        axes_dims_rope=(4, 6, 6))  # fmt: skip
+
+
 def _flux_parts(seed: int) -> dict:
     """The components of a tiny FLUX pipeline: CLIP-L (32, pooled) and T5 (32) encoders, a guidance-embedding
     transformer (2 double- and 2 single-stream blocks, 4 latent channels packed to 16) and a VAE of factor 2
@@ -269,10 +275,7 @@ def _flux_parts(seed: int) -> dict:
     tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
     t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
                                  decoder_start_token_id=0))  # fmt: skip
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
-                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                         pooled_projection_dim=32, guidance_embeds=True,
-                                         axes_dims_rope=(4, 6, 6))  # fmt: skip
+    transformer = FluxTransformer2DModel(**FLUX_TRANSFORMER)
     vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
                         up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
                         latent_channels=4, norm_num_groups=4, sample_size=32, use_quant_conv=False,
