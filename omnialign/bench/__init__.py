@@ -40,7 +40,7 @@ def main(name: str, args) -> None:
         rows = bench_staging(args.windows, args.modes, args.tiny)
     elif name == "decode":
         rows = bench_decode(args.prompts or 128, args.tiny, args.model_size, args.prompt_len, args.max_new_tokens,
-                            args.bandwidth, args.logit_scale)  # fmt: skip
+                            args.bandwidth, args.logit_scale, Path(args.profile) if args.profile else None)  # fmt: skip
     elif name == "language":
         rows = bench_language(args.recipe or "qwen3_omni_dpo", args.prompts, args.steps, args.tiny,
                               Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len,

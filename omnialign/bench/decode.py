@@ -9,14 +9,18 @@ bandwidth bound, the largest and mean gap between the recorded log-probs and the
 (`token_logprobs` on the sampled sequences), peak memory. The bound: every step reads the weights (less the
 input embedding table, of which it reads B rows) and the keys and values of the mean context
 (prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (4.8 for an H200): B x bandwidth / bytes per step.
+`--profile DIR`: then 16 tokens of the static decoder, eager (DIR/eager) and graph (DIR/graph), under the torch
+profiler (`bench.profile`): where a decode step's device time goes by kernel kind, and the busy share of its wall time.
 """
 
 import json
 import time
+from pathlib import Path
 
 import torch
 
 from omnialign.bench.models import language_policy
+from omnialign.bench.profile import profiled
 
 GSPO_CLIP = 3e-4  # choice_gspo's lower clip range: a sequence whose mean log-ratio exceeds it is clipped at once
 
@@ -53,7 +57,7 @@ def logprob_gaps(reference: torch.Tensor, lp: torch.Tensor, keep: torch.Tensor) 
 
 
 def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_new_tokens: int,
-                 bandwidth: float, logit_scale: float = 1.0) -> list[dict]:  # fmt: skip
+                 bandwidth: float, logit_scale: float = 1.0, profile: Path | None = None) -> list[dict]:  # fmt: skip
     """The decoders side by side on one Qwen3 of `model_size` with random weights (bf16; `--tiny`: the tiny
     twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic logits: random weights
     give logits of about unit spread, a trained model's spread over tens): see the module docstring."""
@@ -124,4 +128,8 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     rows.append({k: None for k in rows[-1]} | {"decoder": "training forward, bf16 head (reference)",
                                                **logprob_gaps(reference, bf16_head, keep)})  # fmt: skip
     print(json.dumps(rows[-1]), flush=True)
+    for name, graph in (("eager", False), ("graph", cuda)) if profile else ():
+        _, summary = profiled(lambda graph=graph: decode.generate(net, ids, mask, stop, pad, 16, graph=graph),
+                              profile / name)  # fmt: skip
+        print(name, json.dumps({k: summary[k] for k in ("wall_ms", "device_ms", "busy_share", "kinds")}), flush=True)
     return rows

@@ -4,9 +4,9 @@
 a response. `token_logprobs` runs the network once with its output head replaced by `head_logprobs`: float32, a
 chunk of positions at a time (recomputed in backward), so the (B, T, V) float32 logits never exist at
 once, and inside the forward, where a sharded network's head weights are gathered.
-`generate` wraps transformers' `generate` with the same float32 head (at the last position, the only one it
-reads) and records the sampling log-prob of every generated token from those logits (before top-k/top-p), divided
-by the temperature as training does; 0 after a row's stop token.
+`generate` wraps transformers' `generate` with a float32 head too (`head_logits`, at the last position, the only
+one it reads) and records the sampling log-prob of every generated token from those logits (before top-k/top-p),
+divided by the temperature as training does; 0 after a row's stop token.
 """
 
 from pathlib import Path
@@ -20,6 +20,19 @@ from omnialign.config import ModelConfig
 
 CHUNK = 256  # positions per float32 head chunk
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Float32 logits hidden @ weight^T, hidden (N, H), weight (V, H) of the same dtype, for sampling (no grad).
+
+    A bf16 (or fp16) pair on a GPU runs as one tensor-core GEMM that accumulates and returns float32: the products
+    of two bf16 numbers are exact in float32, so the logits are those of the float32 GEMM of upcast copies up to the
+    order of summation, without that GEMM's float32 arithmetic off the tensor cores (160 GFLOP a decode step for
+    Qwen3-8B at batch 128) or a float32 copy of the head (2.5 GB). Elsewhere (the CPU, float32 models) it is that
+    float32 GEMM."""
+    if hidden.is_cuda and hidden.dtype != torch.float32:
+        return torch.mm(hidden, weight.T, out_dtype=torch.float32)
+    return hidden.float() @ weight.float().T
 
 
 def head_logprobs(
@@ -140,7 +153,7 @@ class CausalLMPolicy:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         recorder = _LogProbRecorder(options.get("temperature", 1.0))
         head = self.transformer.get_output_embeddings()
-        head.forward = lambda hidden: hidden[:, -1:].float() @ head.weight.float().T  # inside the (sharded) forward
+        head.forward = lambda hidden: head_logits(hidden[:, -1], head.weight)[:, None]  # inside the (sharded) forward
         try:
             out = self.transformer.generate(
                 input_ids=ids, attention_mask=mask, **self.media_inputs(media, ids.device), **options,

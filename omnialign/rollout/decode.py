@@ -7,11 +7,12 @@ one graph replay and a few sampling kernels. The layers run through the network'
 adapters apply; a network sharded with FSDP2 is unsharded for the whole generation and resharded after.
 
 Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
-default generator (seed it as the rollout does). The logits come from the output head in float32 (the hidden
-state times the head's weights upcast), as training computes them (`qwen3.head_logprobs`), and the recorded log-prob
-of each sampled token is log softmax(logits / temperature), before top-k/top-p: so the rollout's log-probs are the
-training forward's up to the model dtype's rounding in the layers. A row that produced a stop token continues with
-padding, whose recorded log-probs are 0; generation ends when every row has stopped or at `max_new_tokens`.
+default generator (seed it as the rollout does). The logits come from the output head in float32, as training
+computes them (`qwen3.head_logprobs`; on a GPU one bf16 GEMM accumulating in float32, `qwen3.head_logits`), and the
+recorded log-prob of each sampled token is log softmax(logits / temperature), before top-k/top-p: so the rollout's
+log-probs are the training forward's up to the model dtype's rounding in the layers. A row that produced a stop
+token continues with padding, whose recorded log-probs are 0; generation ends when every row has stopped or at
+`max_new_tokens`.
 """
 
 import torch
@@ -20,16 +21,17 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
+from omnialign.models.qwen3 import head_logits
+
 CHECK_EVERY = 8  # tokens between the (host-syncing) checks whether every row has stopped
 
 
 def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
-             keys: list[torch.Tensor], values: list[torch.Tensor], head: torch.Tensor) -> torch.Tensor:  # fmt: skip
+             keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
     """Float32 logits (B, V) of the last of T new tokens.
 
     ids, positions: (B, T) tokens and their rotary positions; slots: (T,) cache slots they are written to;
-    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D);
-    head: (V, H) the output head's weights in float32."""
+    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D)."""
     model = net.model
     x = model.embed_tokens(ids)
     rope = model.rotary_emb(x, positions)
@@ -51,7 +53,7 @@ def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: 
                                                enable_gqa=True).transpose(1, 2)  # fmt: skip
         x = x + attn.o_proj(o.reshape(batch, length, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.norm(x[:, -1]).float() @ head.T
+    return head_logits(model.norm(x[:, -1]), net.lm_head.weight)
 
 
 def filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -92,7 +94,6 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         unit.unshard()
     try:
         attn = net.model.layers[0].self_attn
-        head = net.lm_head.weight.float()  # one float32 copy for the whole generation
         length = width + max_new_tokens
         dtype = net.model.embed_tokens.weight.dtype
         shape = (batch, net.config.num_key_value_heads, length, attn.head_dim)
@@ -106,7 +107,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         visible = (causal & seen[:, None]) | torch.eye(width, length, dtype=torch.bool, device=device)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
         slots = torch.arange(width, device=device)
-        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values, head)
+        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values)
 
         # The decode step reads and writes only these buffers, so it can be captured once and replayed.
         token_in = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -115,7 +116,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
 
         def step() -> torch.Tensor:
             seen.index_fill_(1, slot, True)
-            return _forward(net, token_in, position, slot, seen[:, None, None], keys, values, head)
+            return _forward(net, token_in, position, slot, seen[:, None, None], keys, values)
 
         if graph:
             side = torch.cuda.Stream(device)
