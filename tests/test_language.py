@@ -66,6 +66,28 @@ def test_head_logprobs_equal_log_softmax_in_chunks():
     torch.testing.assert_close(grad, torch.autograd.grad(expected.sum(), hidden)[0])
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bf16_head_equals_the_float32_head(device):
+    """`qwen3.head_logits` on a bf16 hidden state and head (on a GPU tensor-core GEMMs accumulating in float32, the
+    backward's float32 gradient split in two bf16 parts): the logits are the float32 GEMM of the upcast operands up
+    to the order of summation (a GEMM that rounded its sums or output to bf16 would be off by about 1e-2 here), and
+    at least 99% of the elements of both gradients are that GEMM's gradients rounded to bf16 (a backward through
+    the gradient rounded to bf16 alone differs on 43% of them)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(2, 64, 512, generator=g) * 8).bfloat16().to(device).requires_grad_()
+    weight = (torch.randn(1000, 512, generator=g) * 0.02).bfloat16().to(device).requires_grad_()
+    upstream = torch.randn(2, 64, 1000, generator=g).to(device)
+    h32, w32 = hidden.detach().float().requires_grad_(), weight.detach().float().requires_grad_()
+    logits, reference = qwen3.head_logits(hidden, weight), h32 @ w32.T
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, reference, atol=5e-4, rtol=1e-6)
+    (logits * upstream).sum().backward()
+    (reference * upstream).sum().backward()
+    for grad, expected in ((hidden.grad, h32.grad), (weight.grad, w32.grad)):
+        assert grad.dtype == torch.bfloat16
+        assert (grad == expected.bfloat16()).float().mean() >= 0.99, (grad - expected).abs().max()
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_omni"])
 def test_rollout_log_probs_equal_the_training_forward(models, arch, tmp_path):
     """Porting check: the sampling log-probs recorded during generation equal a full forward's, with media."""

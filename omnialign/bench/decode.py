@@ -1,16 +1,17 @@
 """`decode`: sampling from a Qwen3 of `--model-size` (random weights, bf16) by each decoder in turn, side by side:
-transformers' `generate` with its dynamic and its static cache (the log-prob recorder of the rollout on), and
-omnialign's static-cache decoder (rollout/decode.py) with an eager and a CUDA-graph decode step. `--prompts`
-prompts (the batch, default 128) of `--prompt-len` random byte tokens, `--max-new-tokens` sampled tokens
-(temperature 1, no filters; random weights rarely stop a row, and a call ends only when every row has).
-Per decoder: seconds of the whole call, of the prefill and first token, tokens/s overall
-and of the decode steps alone ((N - 1) tokens over the time beyond the first), their share of the memory-
-bandwidth bound, the largest and mean gap between the recorded log-probs and the training forward's
-(`token_logprobs` on the sampled sequences), peak memory. The bound: every step reads the weights (less the
-input embedding table, of which it reads B rows) and the keys and values of the mean context
+transformers' `generate` with its dynamic cache (the log-prob recorder of the rollout on; its static cache, 6x
+slower still, was dropped after the first runs: BENCHMARKS.md), and omnialign's static-cache decoder
+(rollout/decode.py) with an eager and a CUDA-graph decode step. `--prompts` prompts (the batch, default 128) of
+`--prompt-len` random byte tokens, `--max-new-tokens` sampled tokens (temperature 1, no filters; random weights
+rarely stop a row, and a call ends only when every row has). Per decoder: seconds of the whole call, of the prefill
+and first token, tokens/s overall and of the decode steps alone ((N - 1) tokens over the time beyond the first),
+their share of the memory-bandwidth bound, the largest and mean gap between the recorded log-probs and the training
+forward's (`token_logprobs` on the sampled sequences), peak memory. The bound: every step reads the weights (less
+the input embedding table, of which it reads B rows) and the keys and values of the mean context
 (prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (4.8 for an H200): B x bandwidth / bytes per step.
 `--profile DIR`: then 16 tokens of the static decoder, eager (DIR/eager) and graph (DIR/graph), under the torch
-profiler (`bench.profile`): where a decode step's device time goes by kernel kind, and the busy share of its wall time.
+profiler (`bench.profile`): where a decode step's device time goes by kernel kind, and the busy share of its wall
+time.
 """
 
 import json
@@ -75,12 +76,8 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     stop, pad = policy.stop_token_ids, policy.pad_token_id
     hf = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
-    def transformers(cache: dict):
-        return lambda n: policy.generate(ids, mask, None, {**hf, **cache, "max_new_tokens": n})
-
     decoders = {
-        "transformers generate, dynamic cache": transformers({}),
-        "transformers generate, static cache": transformers({"cache_implementation": "static"}),
+        "transformers generate, dynamic cache": lambda n: policy.generate(ids, mask, None, {**hf, "max_new_tokens": n}),
         "omnialign static cache, eager step": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=False),
         "omnialign static cache, CUDA graph": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=cuda),
     }

@@ -1,8 +1,8 @@
 """Plain Qwen3 causal LM as a `LanguagePolicy`, and the code every transformers language adapter shares.
 
 `CausalLMPolicy` holds the trained network (`transformer`), its tokenizer and the token ids that end
-a response. `token_logprobs` runs the network once with its output head replaced by `head_logprobs`: float32, a
-chunk of positions at a time (recomputed in backward), so the (B, T, V) float32 logits never exist at
+a response. `token_logprobs` runs the network once with its output head replaced by `head_logprobs`: float32 logits
+(`head_logits`), a chunk of positions at a time (recomputed in backward), so the (B, T, V) float32 logits never exist at
 once, and inside the forward, where a sharded network's head weights are gathered.
 `generate` wraps transformers' `generate` with a float32 head too (`head_logits`, at the last position, the only
 one it reads) and records the sampling log-prob of every generated token from those logits (before top-k/top-p),
@@ -22,17 +22,45 @@ CHUNK = 256  # positions per float32 head chunk
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Float32 logits hidden @ weight^T, hidden (N, H), weight (V, H) of the same dtype, for sampling (no grad).
+def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in float32 for 2-D a, b of one low-precision dtype: on a GPU one tensor-core GEMM that accumulates and
+    returns float32, elsewhere the float32 GEMM of upcast copies. The products of two bf16 (or fp16) numbers are
+    exact in float32, so the two agree up to the order of summation."""
+    return torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else a.float() @ b.float()
 
-    A bf16 (or fp16) pair on a GPU runs as one tensor-core GEMM that accumulates and returns float32: the products
-    of two bf16 numbers are exact in float32, so the logits are those of the float32 GEMM of upcast copies up to the
-    order of summation, without that GEMM's float32 arithmetic off the tensor cores (160 GFLOP a decode step for
-    Qwen3-8B at batch 128) or a float32 copy of the head (2.5 GB). Elsewhere (the CPU, float32 models) it is that
-    float32 GEMM."""
-    if hidden.is_cuda and hidden.dtype != torch.float32:
-        return torch.mm(hidden, weight.T, out_dtype=torch.float32)
-    return hidden.float() @ weight.float().T
+
+class _LowPrecisionHead(torch.autograd.Function):
+    """Float32 logits hidden @ weight^T of bf16 (or fp16) hidden (N, H) and weight (V, H) through `_mm32`. Backward
+    splits the float32 gradient g of the logits into two parts of the operands' dtype, g = hi + lo to 16 significant
+    bits, so that its GEMMs run the same way; the gradients are rounded to the operands' dtype as an upcast GEMM's
+    are."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(hidden, weight)
+        return _mm32(hidden, weight.T)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        hidden, weight = ctx.saved_tensors
+        hi = grad.to(hidden.dtype)
+        lo = (grad - hi.float()).to(hidden.dtype)
+        d_hidden = (_mm32(hi, weight) + _mm32(lo, weight)).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        d_weight = (_mm32(hi.T, hidden) + _mm32(lo.T, hidden)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return d_hidden, d_weight
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Float32 logits hidden @ weight^T, hidden (..., H), weight (V, H) of the same dtype, with their gradients.
+
+    A bf16 (or fp16) pair runs through `_mm32`, on a GPU as tensor-core GEMMs accumulating in float32 (forward and
+    backward), instead of float32 GEMMs of upcast copies off the tensor cores (160 GFLOP a decode step for Qwen3-8B
+    at batch 128, 40 TFLOP for the 32,768 response tokens of a GSPO step) and without a float32 copy of the head
+    (2.5 GB for Qwen3-8B). A float32 model's head is the float32 GEMM."""
+    if hidden.dtype == torch.float32:
+        return hidden @ weight.float().T
+    flat = _LowPrecisionHead.apply(hidden.reshape(-1, hidden.shape[-1]), weight)
+    return flat.view(*hidden.shape[:-1], weight.shape[0])
 
 
 def head_logprobs(
@@ -48,10 +76,9 @@ def head_logprobs(
     hidden: (B, L, H) final hidden states; weight: (V, H) output head; targets: (B, L) int64 -> (B, L).
     With grad enabled each chunk is recomputed in backward, so only one chunk's logits are alive.
     """
-    w = weight.float()
 
     def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        logits = (h.float() @ w.T) / temperature
+        logits = head_logits(h, weight) / temperature
         if banned:
             logits[..., list(banned)] = float("-inf")
         return logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
