@@ -246,6 +246,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--logit-scale", type=float, default=1.0, help="decode: scale the final norm's weight (random "
                     "weights give logits of unit spread, trained models tens) to see the output head's "
                     "rounding")  # fmt: skip
+    be.add_argument("--decoders", nargs="+", choices=["transformers", "eager", "graph", "compiled"],
+                    help="decode: which decoders, in this order (default: all)")  # fmt: skip
     be.add_argument("--work", default="runs/bench", help="recipe, language: scratch folder")
     be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
     be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"])

@@ -88,6 +88,7 @@ def test_bench_decode_tiny_rows(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["decoder"] for r in rows] == ["transformers generate, dynamic cache",
                                             "omnialign static cache, eager step", "omnialign static cache, CUDA graph",
+                                            "omnialign static cache, compiled step, CUDA graph",
                                             "training forward, bf16 head (reference)"]  # fmt: skip
     for row in rows[:-1]:
         assert row["batch"] == 4 and 1 <= row["new_tokens"] <= 6 and row["tokens_per_s"] > 0

@@ -190,3 +190,20 @@ def test_cuda_graph_replay_equals_the_eager_step(policy):
     assert torch.equal(outputs[0][0], outputs[1][0])
     torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=0, rtol=0)
     net.cpu()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compiled_step_samples_as_the_eager_step(policy, device):
+    """`compiled=True` (the decode step through torch.compile, then captured as a graph on a GPU) samples the eager
+    step's tokens with its log-probs within float32 rounding, for several lengths from one compilation."""
+    net = policy.transformer.to(device)
+    ids, mask = (t.to(device) for t in prompts(policy))
+    for tokens in (4, 12):
+        outputs = []
+        for compiled in (False, True):
+            torch.manual_seed(1)
+            outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, tokens, 0.8,
+                                           compiled=compiled))  # fmt: skip
+        assert torch.equal(outputs[0][0], outputs[1][0])
+        torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-5, rtol=0)
+    net.cpu()

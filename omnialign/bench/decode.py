@@ -1,7 +1,8 @@
 """`decode`: sampling from a Qwen3 of `--model-size` (random weights, bf16) by each decoder in turn, side by side:
 transformers' `generate` with its dynamic cache (the log-prob recorder of the rollout on; its static cache, 6x
 slower still, was dropped after the first runs: BENCHMARKS.md), and omnialign's static-cache decoder
-(rollout/decode.py) with an eager and a CUDA-graph decode step. `--prompts` prompts (the batch, default 128) of
+(rollout/decode.py) with an eager and a CUDA-graph decode step, and the graph of the step through `torch.compile`
+(its first call compiles: the warm-up call, not timed). `--prompts` prompts (the batch, default 128) of
 `--prompt-len` random byte tokens, `--max-new-tokens` sampled tokens (temperature 1, no filters; random weights
 rarely stop a row, and a call ends only when every row has). Per decoder: seconds of the whole call, of the prefill
 and first token, tokens/s overall and of the decode steps alone ((N - 1) tokens over the time beyond the first),
@@ -57,11 +58,21 @@ def logprob_gaps(reference: torch.Tensor, lp: torch.Tensor, keep: torch.Tensor) 
             "gspo_clipped": round(float((seq.abs() > GSPO_CLIP).float().mean()), 3)}  # fmt: skip
 
 
+DECODERS = {
+    "transformers": "transformers generate, dynamic cache",
+    "eager": "omnialign static cache, eager step",
+    "graph": "omnialign static cache, CUDA graph",
+    "compiled": "omnialign static cache, compiled step, CUDA graph",
+}
+"""`--decoders` keys and the names their rows carry."""
+
+
 def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_new_tokens: int,
-                 bandwidth: float, logit_scale: float = 1.0, profile: Path | None = None) -> list[dict]:  # fmt: skip
-    """The decoders side by side on one Qwen3 of `model_size` with random weights (bf16; `--tiny`: the tiny
-    twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic logits: random weights
-    give logits of about unit spread, a trained model's spread over tens): see the module docstring."""
+                 bandwidth: float, logit_scale: float = 1.0, profile: Path | None = None,
+                 decoders: list[str] = tuple(DECODERS)) -> list[dict]:  # fmt: skip
+    """The `decoders` (keys of DECODERS) side by side on one Qwen3 of `model_size` with random weights (bf16;
+    `--tiny`: the tiny twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic logits:
+    random weights give logits of about unit spread, a trained model's spread over tens): see the module docstring."""
     from omnialign.rollout import decode
 
     cuda = torch.cuda.is_available() and not tiny
@@ -76,10 +87,11 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     stop, pad = policy.stop_token_ids, policy.pad_token_id
     hf = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
-    decoders = {
-        "transformers generate, dynamic cache": lambda n: policy.generate(ids, mask, None, {**hf, "max_new_tokens": n}),
-        "omnialign static cache, eager step": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=False),
-        "omnialign static cache, CUDA graph": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=cuda),
+    runs = {
+        "transformers": lambda n: policy.generate(ids, mask, None, {**hf, "max_new_tokens": n}),
+        "eager": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=False),
+        "graph": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=cuda),
+        "compiled": lambda n: decode.generate(net, ids, mask, stop, pad, n, graph=cuda, compiled=True),
     }
     layers, kv_heads = net.config.num_hidden_layers, net.config.num_key_value_heads
     weights = sum(p.numel() * p.element_size() for p in net.parameters())
@@ -89,7 +101,8 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     kv = 2 * layers * kv_heads * net.config.head_dim * 2 * batch * mean_len  # bf16 keys and values
     bound = batch * bandwidth * 1e12 / (weights + kv)
     rows = []
-    for name, run in decoders.items():
+    for key in decoders:
+        name, run = DECODERS[key], runs[key]
 
         def timed(n: int, run=run) -> tuple[float, torch.Tensor, torch.Tensor]:
             if cuda:

@@ -83,10 +83,11 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, g
 @torch.no_grad()
 def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: list[int], pad_id: int,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-             graph: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+             graph: bool | None = None, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Responses (B, R <= max_new_tokens) to left-padded prompts ids/mask (B, P), padded after their stop token,
     and the float32 log-probs (B, R) of the sampled tokens (0 after the stop token). `graph`: replay the decode step
-    as a CUDA graph (default: on a CUDA device)."""
+    as a CUDA graph (default: on a CUDA device). `compiled`: the decode step through `torch.compile` (before the
+    capture), which fuses each layer's norms, rotary embedding and residuals; a benchmark's option for now."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
     units = [m for m in net.modules() if isinstance(m, FSDPModule)]
@@ -114,9 +115,12 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         position = positions[:, -1:] + 1
         slot = torch.full((1,), width, dtype=torch.long, device=device)
 
+        # dynamic shapes: one compilation serves every batch and cache length (dynamo caches it on _forward's code)
+        forward = torch.compile(_forward, dynamic=True) if compiled else _forward
+
         def step() -> torch.Tensor:
             seen.index_fill_(1, slot, True)
-            return _forward(net, token_in, position, slot, seen[:, None, None], keys, values)
+            return forward(net, token_in, position, slot, seen[:, None, None], keys, values)
 
         if graph:
             side = torch.cuda.Stream(device)
