@@ -207,3 +207,18 @@ def test_compiled_step_samples_as_the_eager_step(policy, device):
         assert torch.equal(outputs[0][0], outputs[1][0])
         torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-5, rtol=0)
     net.cpu()
+
+
+@pytest.mark.gpu
+def test_compiled_step_in_bf16_on_cuda(path):
+    """The compiled step of a bf16 network (the decode benchmark's setting: the head through `qwen3.head_logits`
+    inside the compiled graph) with realistic logits: the recorded log-probs through each stop token are the training
+    forward's within the bf16 tolerance of `test_on_cuda` (the compiled graph fuses and rounds differently)."""
+    policy = qwen3.load(ModelConfig(arch="qwen3", path=path, dtype="bfloat16"))
+    with torch.no_grad():
+        policy.transformer.model.norm.weight.mul_(8)
+    policy.transformer.cuda()
+    results = [check_against_training(policy, "static", seed, "cuda", compiled=True) for seed in (0, 1, 2)]
+    gap = torch.cat([(r["recorded"] - r["training"]).abs() for r in results])
+    print(f"bf16 compiled step: gap {gap.mean():.2e} max {gap.max():.2e}")
+    assert gap.mean() < 1e-2, (float(gap.mean()), float(gap.max()))
