@@ -34,21 +34,32 @@ def attack(model: GoldJudge, x: torch.Tensor, y: torch.Tensor, eps: float, steps
     return (x + delta).clamp(-1, 1).detach()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def finetune_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every gold-judge fine-tune experiment takes: OUT, --steps, --device."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--eps", type=float, default=1.0)
-    parser.add_argument("--pgd", type=int, default=3)
     parser.add_argument("--device", default="auto")
-    args = parser.parse_args()
-    device = pick_device(args.device)
+    return parser
+
+
+def finetune_inputs(device: torch.device) -> tuple:
+    """What a fine-tune of the shipped gold judge draws stage gold's batches from, seeded: the generator, the digit
+    bank, the negative pool, the saved RL hacks, and the shipped judge in training mode."""
     g = torch.Generator().manual_seed(123)
     torch.manual_seed(123)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
     pool = negative_pool(50_000, 12, device)
     hard = stored_images(ASSETS / "gold" / "rl_negatives.pt").to(device)
-    model = GoldJudge.from_pretrained(ASSETS / "gold").to(device).train()
+    return g, digits, pool, hard, GoldJudge.from_pretrained(ASSETS / "gold").to(device).train()
+
+
+def main() -> None:
+    parser = finetune_parser(__doc__)
+    parser.add_argument("--eps", type=float, default=1.0)
+    parser.add_argument("--pgd", type=int, default=3)
+    args = parser.parse_args()
+    g, digits, pool, hard, model = finetune_inputs(pick_device(args.device))
 
     def loss() -> torch.Tensor:
         x, y = gold_batch(digits, pool, hard, g)

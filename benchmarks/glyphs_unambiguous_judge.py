@@ -11,31 +11,21 @@ experiment: measure the judge it writes with `benchmarks/glyphs_judges.py OUT --
 `--margin=-inf` relabels nothing: the control, the same fine-tune on stage gold's batches.
 """
 
-import argparse
-
 import torch
 import torch.nn.functional as F
+from glyphs_robust_judge import finetune_inputs, finetune_parser  # benchmarks/ is on sys.path when run as a script
 
-from omnialign.worlds.glyphs.data import ASSETS, PROMPT_SETS, bank
-from omnialign.worlds.glyphs.gold import NOT_A_DIGIT, GoldJudge
-from omnialign.worlds.glyphs.pretrain import fit, gold_batch, negative_pool, pick_device, stored_images
+from omnialign.worlds.glyphs.gold import NOT_A_DIGIT
+from omnialign.worlds.glyphs.pretrain import fit, gold_batch, pick_device
 from omnialign.worlds.glyphs.shape import digit_scores, rules
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out")
-    parser.add_argument("--steps", type=int, default=300)
+    parser = finetune_parser(__doc__)
     parser.add_argument("--margin", type=float, default=0.0)
-    parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     device = pick_device(args.device)
-    g = torch.Generator().manual_seed(123)
-    torch.manual_seed(123)
-    digits = bank(PROMPT_SETS["digits"])[0].to(device)
-    pool = negative_pool(50_000, 12, device)
-    hard = stored_images(ASSETS / "gold" / "rl_negatives.pt").to(device)
-    model = GoldJudge.from_pretrained(ASSETS / "gold").to(device).train()
+    g, digits, pool, hard, model = finetune_inputs(device)
     relabelled = []
 
     def loss() -> torch.Tensor:
