@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from omnialign.bench.decode import DECODERS, bench_decode
+from omnialign.bench.decode import bench_decode
 from omnialign.bench.language import bench_language
 from omnialign.bench.recipe import bench_recipe
 from omnialign.bench.staging import bench_staging
@@ -41,7 +41,7 @@ def main(name: str, args) -> None:
     elif name == "decode":
         rows = bench_decode(args.prompts or 128, args.tiny, args.model_size, args.prompt_len, args.max_new_tokens,
                             args.bandwidth, args.logit_scale, Path(args.profile) if args.profile else None,
-                            args.decoders or list(DECODERS))  # fmt: skip
+                            args.decoders)  # fmt: skip
     elif name == "language":
         rows = bench_language(args.recipe or "qwen3_omni_dpo", args.prompts, args.steps, args.tiny,
                               Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len,

@@ -69,10 +69,11 @@ DECODERS = {
 
 def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_new_tokens: int,
                  bandwidth: float, logit_scale: float = 1.0, profile: Path | None = None,
-                 decoders: list[str] = tuple(DECODERS)) -> list[dict]:  # fmt: skip
-    """The `decoders` (keys of DECODERS) side by side on one Qwen3 of `model_size` with random weights (bf16;
-    `--tiny`: the tiny twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic logits:
-    random weights give logits of about unit spread, a trained model's spread over tens): see the module docstring."""
+                 decoders: list[str] | None = None) -> list[dict]:  # fmt: skip
+    """The `decoders` (keys of DECODERS; default all) side by side on one Qwen3 of `model_size` with random weights
+    (bf16; `--tiny`: the tiny twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic
+    logits: random weights give logits of about unit spread, a trained model's spread over tens): see the module
+    docstring."""
     from omnialign.rollout import decode
 
     cuda = torch.cuda.is_available() and not tiny
@@ -101,7 +102,7 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     kv = 2 * layers * kv_heads * net.config.head_dim * 2 * batch * mean_len  # bf16 keys and values
     bound = batch * bandwidth * 1e12 / (weights + kv)
     rows = []
-    for key in decoders:
+    for key in decoders or DECODERS:
         name, run = DECODERS[key], runs[key]
 
         def timed(n: int, run=run) -> tuple[float, torch.Tensor, torch.Tensor]:
