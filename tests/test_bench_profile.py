@@ -45,13 +45,14 @@ def test_summary_adds_up_by_kind():
 
 
 def test_profiled_step_writes_a_trace_and_its_kinds(tmp_path):
-    a = torch.randn(1024, 1024, device="cuda" if torch.cuda.is_available() else "cpu")  # kernels where they run
+    cuda = torch.cuda.is_available()
+    a = torch.randn(1024, 1024, device="cuda" if cuda else "cpu")  # kernels where they run
 
     def step():
         with torch.profiler.record_function("phase/update"):
             return sum((a @ a).sum() for _ in range(10))
 
-    result, summary = profiled(step, tmp_path)
+    result, summary = profiled(step, tmp_path, cuda)
     assert torch.isfinite(result)
     assert summary["kinds"]["matmul"]["share"] > 0.5  # the step is matmuls
     assert all(not t["name"].startswith("phase/") for t in summary["top"])

@@ -141,6 +141,6 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     print(json.dumps(rows[-1]), flush=True)
     for name, graph in (("eager", False), ("graph", cuda)) if profile else ():
         _, summary = profiled(lambda graph=graph: decode.generate(net, ids, mask, stop, pad, 16, graph=graph),
-                              profile / name)  # fmt: skip
+                              profile / name, cuda)  # fmt: skip
         print(name, json.dumps({k: summary[k] for k in ("wall_ms", "device_ms", "busy_share", "kinds")}), flush=True)
     return rows

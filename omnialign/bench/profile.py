@@ -61,10 +61,10 @@ def summarise(events: list[tuple[str, float]], wall_ms: float) -> dict:
             "kinds": kinds, "top": top}  # fmt: skip
 
 
-def profiled(step: Callable[[], object], out: Path) -> tuple[object, dict]:
+def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object, dict]:
     """Run `step()` under the profiler; write `out`/trace.json.gz and `out`/kernels.json (see the module docstring)
-    and return (what the step returned, that summary)."""
-    cuda = torch.cuda.is_available()
+    and return (what the step returned, that summary). `cuda`: the step runs on the GPU, so its CUDA kernels are
+    counted; otherwise its CPU operators (a tiny model on the CPU of a GPU machine launches no kernels)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()

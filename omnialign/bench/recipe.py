@@ -198,7 +198,9 @@ def bench_recipe(
                     if trainer.world.device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats()
                     if profile and (mode, step) == (deterministic[-1], steps):
-                        metrics, summary = profiled(partial(trainer.train_step, step), profile)
+                        metrics, summary = profiled(
+                            partial(trainer.train_step, step), profile, trainer.world.device.type == "cuda"
+                        )
                     else:
                         metrics, summary = trainer.train_step(step), {}
                     phases = trainer.timer.pop()
