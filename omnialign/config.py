@@ -163,7 +163,9 @@ class GenerationConfig:
     """Sequences generated together (rollout and greedy validation)."""
     decoder: str = "static"
     """static: omnialign's decoder for dense Qwen3 models (static KV cache, the decode step replayed as a CUDA
-    graph; rollout/decode.py); transformers: `generate` (always used by the omni thinker)."""
+    graph; rollout/decode.py); compiled: the same with the decode step through `torch.compile` first (1.4x the
+    tokens/s of static for Qwen3-8B on an H200, BENCHMARKS.md; its first generation compiles); transformers:
+    `generate` (always used by the omni thinker)."""
 
 
 @dataclass
@@ -678,8 +680,8 @@ def validate(config: Config) -> Config:
         (config.reward.gold is None or config.reward.gold not in config.reward.weights,
          f"reward.gold={config.reward.gold!r} is also a trained reward (reward.weights={config.reward.weights}): a "
          "gold judge must be one that no recipe trains on; name another reward or set reward.gold=null"),
-        (config.generation.decoder in ("static", "transformers"),
-         f"generation.decoder={config.generation.decoder!r}: choose static or transformers"),
+        (config.generation.decoder in ("static", "compiled", "transformers"),
+         f"generation.decoder={config.generation.decoder!r}: choose static, compiled or transformers"),
         (config.model.frames == ModelConfig.frames or config.model.arch in VIDEO_ARCHS,
          f"model.frames={config.model.frames}: model.arch={config.model.arch} draws images, not videos, and "
          f"ignores it (video architectures: {', '.join(VIDEO_ARCHS)}); leave it out"),

@@ -68,7 +68,7 @@ def test_missing_equals_sign():
         ("algorithm.ref_update_every=10", "ref_update_every=10: .*online_dpo or gardo only .not flowgrpo"),
         ("algorithm.dpo_positive=-1", r"algorithm.dpo_positive=-1.0 must be >= 0 \(DPOP's lambda"),
         ("reward.gold=glyph_ocr", "reward.gold='glyph_ocr' is also a trained reward"),
-        ("generation.decoder=foo", "generation.decoder='foo': choose static or transformers"),
+        ("generation.decoder=foo", "generation.decoder='foo': choose static, compiled or transformers"),
         ("model.frames=17", "model.frames=17: model.arch=glyphs draws images, not videos, and ignores it"),
         ("trainer.loggers=tensorboard,tensorboard", "names a tracker twice"),
     ],

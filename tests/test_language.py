@@ -231,6 +231,27 @@ def test_every_language_recipe_runs_two_steps(name, models, omni_data, tmp_path)
         assert (run / "samples" / "step_000002.jsonl").exists() and "reward/mean" in records[1]
 
 
+def test_compiled_decoder_trains_as_the_static_one(models, omni_data, tmp_path):
+    """`generation.decoder=compiled` (the decode step through torch.compile, inside the trainer's FSDP2-wrapped
+    network, unsharded for the generation) samples the static decoder's responses and trains to the same metrics
+    (float32: within the compiled kernels' rounding), and it did compile (dynamo's graph count)."""
+    from torch._dynamo.utils import counters
+
+    runs = {}
+    for decoder in ("static", "compiled"):
+        counters.clear()
+        main(recipe_config("choice_gspo", models, omni_data, tmp_path / decoder, f"generation.decoder={decoder}"))
+        run = tmp_path / decoder / "choice_gspo"
+        runs[decoder] = without_timing(read_metrics(run / "metrics.jsonl")), (run / "samples" / "step_000002.jsonl")
+    assert counters["stats"]["unique_graphs"] > 0  # the compiled run's decode step
+    (a, samples_a), (b, samples_b) = runs["static"], runs["compiled"]
+    assert samples_a.read_text() == samples_b.read_text()
+    assert [r["step"] for r in b] == [0, 1, 2] and a[0].keys() == b[0].keys()
+    for ra, rb in zip(a, b):
+        for key in ra:
+            assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-5), (ra["step"], key)
+
+
 @pytest.mark.parametrize("name", ["choice_dapo", "choice_distill", "choice_dpo"])
 def test_language_run_resumes_identically(name, models, omni_data, tmp_path):
     """RL, on-policy distillation (a frozen teacher) and offline DPO (a reference): 3 steps = 2 + a resumed one."""

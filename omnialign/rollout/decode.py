@@ -87,7 +87,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
     """Responses (B, R <= max_new_tokens) to left-padded prompts ids/mask (B, P), padded after their stop token,
     and the float32 log-probs (B, R) of the sampled tokens (0 after the stop token). `graph`: replay the decode step
     as a CUDA graph (default: on a CUDA device). `compiled`: the decode step through `torch.compile` (before the
-    capture), which fuses each layer's norms, rotary embedding and residuals; a benchmark's option for now."""
+    capture), which fuses each layer's norms, rotary embedding and residuals (`generation.decoder=compiled`)."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
     units = [m for m in net.modules() if isinstance(m, FSDPModule)]

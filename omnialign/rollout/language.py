@@ -109,11 +109,11 @@ def generate(
         devices = [] if device.index is None else [device.index]
         with torch.random.fork_rng(devices=devices, device_type=device.type):
             torch.manual_seed(seed * 1_000_003 + k)
-            if config.decoder == "static" and policy.static_decoding:
+            if config.decoder in ("static", "compiled") and policy.static_decoding:
                 sampling = (1.0 if greedy else config.temperature, config.top_k, config.top_p, greedy)
                 out, lp = decode.generate(policy.transformer, prompt_ids.to(device), prompt_mask.to(device),
                                           policy.stop_token_ids, policy.pad_token_id, config.max_new_tokens,
-                                          *sampling)  # fmt: skip
+                                          *sampling, compiled=config.decoder == "compiled")  # fmt: skip
             else:
                 out, lp = policy.generate(prompt_ids.to(device), prompt_mask.to(device), media[lo : lo + chunk],
                                           options(config, greedy))  # fmt: skip
