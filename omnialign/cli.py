@@ -252,9 +252,9 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
     be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"])
     be.add_argument("--tiny", action="store_true", help="a tiny config, to check the benchmark itself on a CPU")
-    be.add_argument("--profile", metavar="DIR", help="recipe: the last step under the torch profiler; decode: 16 "
-                    "tokens of the static decoder, eager and graph; traces and device time by kernel kind "
-                    "(kernels.json) go to DIR")  # fmt: skip
+    be.add_argument("--profile", metavar="DIR", help="recipe: the last step under the torch profiler; decode: each "
+                    "static decoder for 1 and 17 tokens, and one decode step by kernel kind (step.json); traces "
+                    "and device time by kernel kind (kernels.json) go to DIR")  # fmt: skip
     be.add_argument("--out", help="write the rows as JSON here")
     be.set_defaults(fn=cmd_bench)
     ex = sub.add_parser("export", help="write a checkpoint as a PEFT/diffusers adapter or a full model")

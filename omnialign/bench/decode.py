@@ -10,13 +10,15 @@ their share of the memory-bandwidth bound, the largest and mean gap between the 
 forward's (`token_logprobs` on the sampled sequences), peak memory. The bound: every step reads the weights (less
 the input embedding table, of which it reads B rows) and the keys and values of the mean context
 (prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (4.8 for an H200): B x bandwidth / bytes per step.
-`--profile DIR`: then 16 tokens of the static decoder, eager (DIR/eager) and graph (DIR/graph), under the torch
-profiler (`bench.profile`): where a decode step's device time goes by kernel kind, and the busy share of its wall
-time.
+`--profile DIR`: then each static decoder of the run (eager, graph, compiled) under the torch profiler
+(`bench.profile`) twice, for 1 token (the prefill and first token; DIR/KEY/tokens_1) and for 17 (DIR/KEY/tokens_17);
+their difference over 16 is one decode step's device time by kernel kind and its wall time (DIR/KEY/step.json),
+free of the prefill, which dominates a whole call's profile.
 """
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,6 +26,7 @@ import torch
 from omnialign.bench.models import language_policy
 from omnialign.bench.profile import profiled
 
+PROFILED = 16  # decode steps under the profiler (`--profile`)
 GSPO_CLIP = 3e-4  # choice_gspo's lower clip range: a sequence whose mean log-ratio exceeds it is clipped at once
 
 
@@ -139,8 +142,16 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
     rows.append({k: None for k in rows[-1]} | {"decoder": "training forward, bf16 head (reference)",
                                                **logprob_gaps(reference, bf16_head, keep)})  # fmt: skip
     print(json.dumps(rows[-1]), flush=True)
-    for name, graph in (("eager", False), ("graph", cuda)) if profile else ():
-        _, summary = profiled(lambda graph=graph: decode.generate(net, ids, mask, stop, pad, 16, graph=graph),
-                              profile / name, cuda)  # fmt: skip
-        print(name, json.dumps({k: summary[k] for k in ("wall_ms", "device_ms", "busy_share", "kinds")}), flush=True)
+    for key in [k for k in decoders or DECODERS if k != "transformers"] if profile else ():
+        summaries = []
+        for n in (1, PROFILED + 1):  # the prefill and first token, then PROFILED decode steps more
+            summaries.append(profiled(partial(runs[key], n), profile / key / f"tokens_{n}", cuda)[1])
+        first, whole = (s["kinds"] for s in summaries)
+        per_step = {kind: round((whole[kind]["ms"] - first.get(kind, {"ms": 0.0})["ms"]) / PROFILED, 4)
+                    for kind in whole}  # fmt: skip
+        step = {"decoder": DECODERS[key], "device_ms_per_step": round(sum(per_step.values()), 4),
+                "wall_ms_per_step": round((summaries[1]["wall_ms"] - summaries[0]["wall_ms"]) / PROFILED, 4),
+                "kinds_ms_per_step": dict(sorted(per_step.items(), key=lambda kv: -kv[1]))}  # fmt: skip
+        (profile / key / "step.json").write_text(json.dumps(step, indent=2))
+        print(key, json.dumps(step), flush=True)
     return rows
