@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 32's diffusion and omni goals on one H200, in stages that each fit a 10-minute command; logs, JSON and
+# profiles go to OUT. Run the stages of one goal in one call so that its rows are side by side.
+#   benchmarks/speed_gpu.sh OUT qwen_ckpt        # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) with
+#                                                # engine.checkpoint_every 1 then 2 (EVERY="1 2" by default): goal 1
+#   benchmarks/speed_gpu.sh OUT profile_flux     # the warm step of flux_ocr_flowgrpo_lora under the profiler: goal 2
+#   benchmarks/speed_gpu.sh OUT profile_kontext  # flux_kontext_edit_flowgrpo_lora, the same
+#   benchmarks/speed_gpu.sh OUT profile_edit     # qwen_image_edit_ocr_flowgrpo_lora, the same
+#   benchmarks/speed_gpu.sh OUT profile_wan      # wan21_t2v_1_3b_ocr_flowgrpo_lora, the same
+#   benchmarks/speed_gpu.sh OUT wan14b           # wan21_t2v_14b_ocr_flowgrpo_lora, one step of two videos: goal 4
+#   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
+#                                                # rows, then qwen3_omni_gspo with generation: goal 5
+# TINY=1 checks a stage on a CPU with the tiny twins.
+set -uo pipefail
+out=$1
+shift
+mkdir -p "$out"
+tiny=(); [ -n "${TINY:-}" ] && tiny=(--tiny)
+recipe() {  # recipe NAME RECIPE [bench args ...]: one bench recipe run, its log and JSON under OUT
+    local name=$1 r=$2
+    shift 2
+    python3 -m omnialign bench recipe --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
+        "$@" >"$out/$name.log" 2>&1
+    echo "$name rc=$?"
+    tail -3 "$out/$name.log" | cut -c1-700
+}
+language() {  # language NAME RECIPE [bench args ...]
+    local name=$1 r=$2
+    shift 2
+    python3 -m omnialign bench language --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
+        "$@" >"$out/$name.log" 2>&1
+    echo "$name rc=$?"
+    tail -3 "$out/$name.log" | cut -c1-700
+}
+for stage in "$@"; do
+    case $stage in
+    qwen_ckpt)
+        for every in ${EVERY:-1 2}; do
+            recipe "qwen_image_flowgrpo_ckpt$every" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
+                --set engine.checkpoint_every="$every"
+        done
+        ;;
+    profile_flux) recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
+    profile_kontext)
+        recipe kontext_profile flux_kontext_edit_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/kontext_profile"
+        ;;
+    profile_edit)
+        recipe edit_profile qwen_image_edit_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/edit_profile"
+        ;;
+    profile_wan) recipe wan_profile wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/wan_profile" ;;
+    wan14b) recipe wan14b wan21_t2v_14b_ocr_flowgrpo_lora --prompts 1 --steps 1 --set rollout.n=2 ;;
+    omni)
+        for media in image audio video; do
+            language "omni_dpo_$media" qwen3_omni_dpo --towers full --media "$media" --steps 2
+        done
+        language omni_gspo qwen3_omni_gspo --towers full --steps 2
+        ;;
+    *) echo "unknown stage $stage" && exit 2 ;;
+    esac
+done
