@@ -16,18 +16,10 @@ out=$1
 shift
 mkdir -p "$out"
 tiny=(); [ -n "${TINY:-}" ] && tiny=(--tiny)
-recipe() {  # recipe NAME RECIPE [bench args ...]: one bench recipe run, its log and JSON under OUT
-    local name=$1 r=$2
-    shift 2
-    python3 -m omnialign bench recipe --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
-        "$@" >"$out/$name.log" 2>&1
-    echo "$name rc=$?"
-    tail -3 "$out/$name.log" | cut -c1-700
-}
-language() {  # language NAME RECIPE [bench args ...]
-    local name=$1 r=$2
-    shift 2
-    python3 -m omnialign bench language --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
+bench() {  # bench KIND NAME RECIPE [bench args ...]: one `omnialign bench KIND` run, its log and JSON under OUT
+    local kind=$1 name=$2 r=$3
+    shift 3
+    python3 -m omnialign bench "$kind" --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
         "$@" >"$out/$name.log" 2>&1
     echo "$name rc=$?"
     tail -3 "$out/$name.log" | cut -c1-700
@@ -36,24 +28,24 @@ for stage in "$@"; do
     case $stage in
     qwen_ckpt)
         for every in ${EVERY:-1 2}; do
-            recipe "qwen_image_flowgrpo_ckpt$every" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
+            bench recipe "qwen_image_flowgrpo_ckpt$every" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
                 --set engine.checkpoint_every="$every"
         done
         ;;
-    profile_flux) recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
+    profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
     profile_kontext)
-        recipe kontext_profile flux_kontext_edit_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/kontext_profile"
+        bench recipe kontext_profile flux_kontext_edit_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/kontext_profile"
         ;;
     profile_edit)
-        recipe edit_profile qwen_image_edit_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/edit_profile"
+        bench recipe edit_profile qwen_image_edit_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/edit_profile"
         ;;
-    profile_wan) recipe wan_profile wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/wan_profile" ;;
-    wan14b) recipe wan14b wan21_t2v_14b_ocr_flowgrpo_lora --prompts 1 --steps 1 --set rollout.n=2 ;;
+    profile_wan) bench recipe wan_profile wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/wan_profile" ;;
+    wan14b) bench recipe wan14b wan21_t2v_14b_ocr_flowgrpo_lora --prompts 1 --steps 1 --set rollout.n=2 ;;
     omni)
         for media in image audio video; do
-            language "omni_dpo_$media" qwen3_omni_dpo --towers full --media "$media" --steps 2
+            bench language "omni_dpo_$media" qwen3_omni_dpo --towers full --media "$media" --steps 2
         done
-        language omni_gspo qwen3_omni_gspo --towers full --steps 2
+        bench language omni_gspo qwen3_omni_gspo --towers full --steps 2
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac
