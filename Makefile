@@ -28,9 +28,16 @@ test-slow: $(VENV)/.installed
 # the CPU suite with its tiny models on the GPU (GPU_WORKERS pytest-xdist processes share the card), then every
 # released architecture at full size with random weights, one test at a time.
 # Each phase is a target of its own (test-gpu-1, test-gpu-2), for machines that limit a command's time; phase 2
-# takes K, a pytest -k expression, to run in parts (docs/testing.md lists four parts of under 4 minutes each).
+# takes K, a pytest -k expression, or PART, one of four named parts of under 4 minutes each on one H200:
+#   make test-gpu-2 PART=cuda; make test-gpu-2 PART=sd35; make test-gpu-2 PART=qwen_flux; make test-gpu-2 PART=flux2
+# Together the parts are every GPU test (tests/test_gpu_parts.py fails on a GPU test that no part selects).
 GPU_WORKERS ?= 8
-K ?=
+PART_cuda = bf16_head or compiled_step or test_on_cuda or cuda_graph_replay or validation_draws or wan21
+PART_sd35 = sd35 or qwen3_omni or gspo or deterministic or tiny_thinker or (compiled and not compiled_step)
+PART_qwen_flux = qwen_image or (flux and not flux2)
+PART_flux2 = flux2 or zimage or ltx2
+PART ?=
+K ?= $(PART_$(PART))
 test-gpu: test-gpu-1 test-gpu-2
 test-gpu-1:
 	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA device'"

@@ -1,0 +1,20 @@
+"""The GPU tier's phase 2 runs in four named parts (`make test-gpu-2 PART=...`, the Makefile's PART_* lines) on
+machines that limit a command's time: together they must select every test marked `gpu`, or a new GPU test would
+never run in the tier."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_makefile_parts_select_every_gpu_test():
+    parts = dict(re.findall(r"^PART_(\w+) = (.+)$", (ROOT / "Makefile").read_text(), re.M))
+    assert set(parts) == {"cuda", "sd35", "qwen_flux", "flux2"}, parts
+    left = " or ".join(f"({k})" for k in parts.values())
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-m", "gpu",
+                          "-k", f"not ({left})", "tests"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    unselected = [line for line in out.stdout.splitlines() if "::" in line]
+    assert out.returncode == 5 and not unselected, out.stdout[-3000:]  # 5: pytest collected no test
