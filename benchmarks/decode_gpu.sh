@@ -2,7 +2,7 @@
 # Issue 32's language goals on one H200, in stages that each fit a 10-minute command; logs and JSON go to OUT.
 #   benchmarks/decode_gpu.sh OUT decode   # Qwen3-8B decode, graph and compiled steps side by side at batch 32, 128
 #                                         # and 256 (prompt 256, 128 new tokens); --profile at 128: one decode
-#                                         # step by kernel kind (OUT/profile/KEY/step.json)
+#                                         # step by kernel kind (OUT/profile_b128/KEY/step.json)
 #   benchmarks/decode_gpu.sh OUT gspo     # choice_gspo on Qwen3-8B LoRA r32, two steps, generation.decoder static
 #                                         # then compiled (generated tokens/s, the share of the step generating)
 # TINY=1 checks the script on a CPU with the tiny twin.
