@@ -36,10 +36,10 @@ def prompts(policy) -> tuple[torch.Tensor, torch.Tensor]:
     return left_pad(ids, policy.pad_token_id)
 
 
-def adapt(net: torch.nn.Module, seed: int) -> None:
-    """A LoRA adapter whose B matrices are drawn from N(0, 0.5) by a generator of `seed` (so that it changes what
-    is sampled, and the same on every run whatever ran before)."""
-    lora.apply_lora(net, 4, 4, qwen3.ATTENTION)
+def adapt(net: torch.nn.Module, seed: int, targets: list[str] = qwen3.ATTENTION) -> None:
+    """A LoRA adapter on `targets` whose B matrices are drawn from N(0, 0.5) by a generator of `seed` (so that it
+    changes what is sampled, and the same on every run whatever ran before)."""
+    lora.apply_lora(net, 4, 4, targets)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in net.named_parameters():
@@ -120,6 +120,38 @@ def test_sampled_log_probs_equal_the_training_forward(policy, decoder, adapter, 
         assert not torch.equal(plain["out"], result["out"])
 
 
+def test_merged_lora_samples_as_the_adapted_modules(policy):
+    """With LoRA on all seven projections of every layer, `merge_lora` (the default) runs no adapter module at any
+    token, samples the same tokens as the adapters applied through peft, records the training forward's log-probs
+    within float32 rounding, and leaves every weight of the network as it was; with the adapters off, nothing is
+    merged."""
+    net = policy.transformer
+    adapt(net, 3, qwen3.ATTENTION + ["gate_proj", "up_proj", "down_proj"])
+    assert [len(w) for w in decode.merged_weights(net)] == [7] * len(net.model.layers)
+    with lora.adapters_disabled(net):
+        assert not any(decode.merged_weights(net))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    calls = []
+    hooks = [
+        layer.lora_A["default"].register_forward_hook(lambda *a: calls.append(1)) for layer in lora.lora_layers(net)
+    ]
+    ids, mask = prompts(policy)
+    outputs = {}
+    for merge in (True, False):
+        calls.clear()
+        torch.manual_seed(5)
+        outputs[merge] = decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 12, 0.8,
+                                         merge_lora=merge)  # fmt: skip
+        assert (len(calls) == 0) == merge, (merge, len(calls))
+    for h in hooks:
+        h.remove()
+    assert torch.equal(outputs[True][0], outputs[False][0])
+    torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=1e-5, rtol=0)
+    result = check_against_training(policy, "static", 1)
+    torch.testing.assert_close(result["recorded"], result["training"], atol=1e-5, rtol=0)
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+
+
 def test_rows_stop_at_their_stop_token(policy):
     """A stop token ends its row (padding after it) and generation ends once every row has stopped."""
     ids, mask = prompts(policy)
@@ -151,15 +183,18 @@ KERNELS = {"default": None, "efficient": [SDPBackend.EFFICIENT_ATTENTION, SDPBac
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("decoder, graph", [("static", False), ("static", True), ("transformers", False)])
-@pytest.mark.parametrize("adapter", [False, True])
+@pytest.mark.parametrize("decoder, graph, adapter", [
+    (decoder, graph, adapter) for decoder, graph in (("static", False), ("static", True), ("transformers", False))
+    for adapter in (None, "lora", "lora_unmerged") if decoder == "static" or adapter != "lora_unmerged"])  # fmt: skip
 def test_on_cuda(path, dtype, decoder, graph, adapter):
-    """The decoders on CUDA, eager and graph, with and without LoRA, under each choice of attention kernels, in
-    float32 and in bf16 with realistic logits (the final norm scaled x8, where a bf16 head was off by 4e-3 nats on
+    """The decoders on CUDA, eager and graph, without LoRA and with it (the static decoder by merged weights, or
+    through peft's modules as `lora_unmerged` and transformers' `generate`), under each choice of attention kernels,
+    in float32 and in bf16 with realistic logits (the final norm scaled x8, where a bf16 head was off by 4e-3 nats on
     average on the CPU): the recorded log-probs through each stop token are the training forward's within float32
-    rounding (1e-6 at most on an H200), but for the static decoder in bf16 without cuDNN: its prefill's grouped
-    attention then takes another kernel than the training forward's, whose bf16 rounding differs (2e-3 to 4e-3
-    nats on average there); the language recipes keep the default kernels."""
+    rounding (1e-6 at most on an H200), but for the static decoder in bf16 without cuDNN or with merged LoRA weights:
+    its prefill's grouped attention then takes another kernel than the training forward's (2e-3 to 4e-3 nats on
+    average), and a merged weight W + s·B·A is rounded to bf16 where training adds the adapter's output to W's; the
+    language recipes keep the default kernels."""
     for name, kernels in KERNELS.items():
         policy = qwen3.load(ModelConfig(arch="qwen3", path=path, dtype=dtype))
         if adapter:
@@ -167,12 +202,12 @@ def test_on_cuda(path, dtype, decoder, graph, adapter):
         with torch.no_grad():
             policy.transformer.model.norm.weight.mul_(8 if dtype == "bfloat16" else 1)
         policy.transformer.cuda()
-        kw = {"graph": graph} if decoder == "static" else {}
+        kw = {"graph": graph, "merge_lora": adapter == "lora"} if decoder == "static" else {}
         with sdpa_kernel(kernels) if kernels else nullcontext():
             results = [check_against_training(policy, decoder, seed, "cuda", **kw) for seed in (0, 1, 2)]
         gap = torch.cat([(r["recorded"] - r["training"]).abs() for r in results])
         print(f"{dtype} {decoder} graph={graph} adapter={adapter} {name}: gap {gap.mean():.2e} max {gap.max():.2e}")
-        if dtype == "bfloat16" and decoder == "static" and kernels:
+        if dtype == "bfloat16" and decoder == "static" and (kernels or adapter == "lora"):
             assert gap.mean() < 1e-2, (name, float(gap.mean()), float(gap.max()))
         else:
             assert gap.max() < 1e-4, (name, float(gap.mean()), float(gap.max()))
@@ -195,10 +230,14 @@ def test_cuda_graph_replay_equals_the_eager_step(policy):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_compiled_step_samples_as_the_eager_step(policy, device):
     """`compiled=True` (the decode step through torch.compile, then captured as a graph on a GPU) samples the eager
-    step's tokens with its log-probs within float32 rounding, for several lengths from one compilation."""
+    step's tokens with its log-probs within float32 rounding, for several lengths from one compilation, and with
+    merged LoRA weights."""
     net = policy.transformer.to(device)
     ids, mask = (t.to(device) for t in prompts(policy))
-    for tokens in (4, 12):
+    for tokens, adapter in ((4, False), (12, False), (12, True)):
+        if adapter:
+            adapt(net.cpu(), 0)
+            net.to(device)
         outputs = []
         for compiled in (False, True):
             torch.manual_seed(1)

@@ -4,7 +4,10 @@ captured once as a CUDA graph and replayed for every token (on a GPU; eager else
 transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an
 H200 far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs
 one graph replay and a few sampling kernels. The layers run through the network's own modules, so LoRA
-adapters apply; a network sharded with FSDP2 is unsharded for the whole generation and resharded after.
+adapters apply; by default (`merge_lora`) each adapted projection runs as one GEMM by its weight with the active
+adapters folded in, W + s·B·A, made once per generation in a copy (the network's own weights are not touched),
+instead of the base GEMM plus peft's cast, two small GEMMs, scale and add at every token. A network sharded with
+FSDP2 is unsharded for the whole generation and resharded after.
 
 Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
 default generator (seed it as the rollout does). The logits come from the output head in float32, as training
@@ -17,6 +20,7 @@ token continues with padding, whose recorded log-probs are 0; generation ends wh
 
 import torch
 import torch.nn.functional as F
+from peft.tuners.lora import LoraLayer
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
@@ -26,33 +30,59 @@ from omnialign.models.qwen3 import head_logits
 CHECK_EVERY = 8  # tokens between the (host-syncing) checks whether every row has stopped
 
 
+def merged_weights(net: nn.Module) -> list[dict[str, torch.Tensor]]:
+    """Per decoder layer, the weight of each LoRA-adapted projection by its name ("q_proj", ...) with its active
+    adapters folded in, W + s·B·A, summed in float32 and kept in W's dtype; a projection whose adapters are off is
+    left out."""
+    out = []
+    for layer in net.model.layers:
+        weights = {}
+        for name, m in layer.named_modules():
+            if isinstance(m, LoraLayer) and not m.disable_adapters and not m.merged:
+                w = m.base_layer.weight
+                delta = sum(m.get_delta_weight(a).float() for a in m.active_adapters)
+                weights[name.rsplit(".", 1)[-1]] = (w.float() + delta).to(w.dtype)
+        out.append(weights)
+    return out
+
+
+def _project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """The projection `module` of x, or with `weight` (its merged weight) one GEMM by it and the base bias."""
+    return module(x) if weight is None else F.linear(x, weight, module.base_layer.bias)
+
+
 def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
-             keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+             keys: list[torch.Tensor], values: list[torch.Tensor],
+             merged: list[dict[str, torch.Tensor]]) -> torch.Tensor:  # fmt: skip
     """Float32 logits (B, V) of the last of T new tokens.
 
     ids, positions: (B, T) tokens and their rotary positions; slots: (T,) cache slots they are written to;
-    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D)."""
+    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D);
+    merged: per layer, the merged weights of adapted projections (`merged_weights`; empty dicts: as the modules)."""
     model = net.model
     x = model.embed_tokens(ids)
     rope = model.rotary_emb(x, positions)
     batch, length = ids.shape
     for i, layer in enumerate(model.layers):
-        attn = layer.self_attn
+        attn, mlp, w = layer.self_attn, layer.mlp, merged[i]
         h = layer.input_layernorm(x)
         heads = (batch, length, -1, attn.head_dim)
-        q = attn.q_norm(attn.q_proj(h).view(heads)).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(h).view(heads)).transpose(1, 2)
+        q = attn.q_norm(_project(attn.q_proj, h, w.get("q_proj")).view(heads)).transpose(1, 2)
+        k = attn.k_norm(_project(attn.k_proj, h, w.get("k_proj")).view(heads)).transpose(1, 2)
+        v = _project(attn.v_proj, h, w.get("v_proj")).view(heads).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *rope)
         keys[i].index_copy_(2, slots, k.to(keys[i].dtype))
-        values[i].index_copy_(2, slots, attn.v_proj(h).view(heads).transpose(1, 2).to(values[i].dtype))
+        values[i].index_copy_(2, slots, v.to(values[i].dtype))
         if length == 1:  # decode: the query heads sharing a key/value head are its query rows (K/V read once)
             o = F.scaled_dot_product_attention(q.reshape(batch, keys[i].shape[1], -1, attn.head_dim), keys[i],
                                                values[i], attn_mask=visible, scale=attn.scaling)  # fmt: skip
         else:
             o = F.scaled_dot_product_attention(q, keys[i], values[i], attn_mask=visible, scale=attn.scaling,
                                                enable_gqa=True).transpose(1, 2)  # fmt: skip
-        x = x + attn.o_proj(o.reshape(batch, length, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + _project(attn.o_proj, o.reshape(batch, length, -1), w.get("o_proj"))
+        h = layer.post_attention_layernorm(x)
+        gate, up = _project(mlp.gate_proj, h, w.get("gate_proj")), _project(mlp.up_proj, h, w.get("up_proj"))
+        x = x + _project(mlp.down_proj, mlp.act_fn(gate) * up, w.get("down_proj"))
     return head_logits(model.norm(x[:, -1]), net.lm_head.weight)
 
 
@@ -83,11 +113,14 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, g
 @torch.no_grad()
 def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: list[int], pad_id: int,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-             graph: bool | None = None, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+             graph: bool | None = None, compiled: bool = False,
+             merge_lora: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Responses (B, R <= max_new_tokens) to left-padded prompts ids/mask (B, P), padded after their stop token,
     and the float32 log-probs (B, R) of the sampled tokens (0 after the stop token). `graph`: replay the decode step
     as a CUDA graph (default: on a CUDA device). `compiled`: the decode step through `torch.compile` (before the
-    capture), which fuses each layer's norms, rotary embedding and residuals (`generation.decoder=compiled`)."""
+    capture), which fuses each layer's norms, rotary embedding and residuals (`generation.decoder=compiled`).
+    `merge_lora`: LoRA-adapted projections as one GEMM by a merged copy of their weights (`merged_weights`;
+    `generation.merge_lora`), else through peft's modules."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
     units = [m for m in net.modules() if isinstance(m, FSDPModule)]
@@ -108,7 +141,8 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         visible = (causal & seen[:, None]) | torch.eye(width, length, dtype=torch.bool, device=device)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
         slots = torch.arange(width, device=device)
-        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values)
+        merged = merged_weights(net) if merge_lora else [{} for _ in net.model.layers]
+        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values, merged)
 
         # The decode step reads and writes only these buffers, so it can be captured once and replayed.
         token_in = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -120,7 +154,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
 
         def step() -> torch.Tensor:
             seen.index_fill_(1, slot, True)
-            return forward(net, token_in, position, slot, seen[:, None, None], keys, values)
+            return forward(net, token_in, position, slot, seen[:, None, None], keys, values, merged)
 
         if graph:
             side = torch.cuda.Stream(device)

@@ -113,7 +113,8 @@ def generate(
                 sampling = (1.0 if greedy else config.temperature, config.top_k, config.top_p, greedy)
                 out, lp = decode.generate(policy.transformer, prompt_ids.to(device), prompt_mask.to(device),
                                           policy.stop_token_ids, policy.pad_token_id, config.max_new_tokens,
-                                          *sampling, compiled=config.decoder == "compiled")  # fmt: skip
+                                          *sampling, compiled=config.decoder == "compiled",
+                                          merge_lora=config.merge_lora)  # fmt: skip
             else:
                 out, lp = policy.generate(prompt_ids.to(device), prompt_mask.to(device), media[lo : lo + chunk],
                                           options(config, greedy))  # fmt: skip
