@@ -3,8 +3,11 @@
 #   benchmarks/decode_gpu.sh OUT decode   # Qwen3-8B decode, graph and compiled steps side by side at batch 32, 128
 #                                         # and 256 (prompt 256, 128 new tokens); --profile at 128: one decode
 #                                         # step by kernel kind (OUT/profile_b128/KEY/step.json)
-#   benchmarks/decode_gpu.sh OUT gspo     # choice_gspo on Qwen3-8B LoRA r32, two steps, generation.decoder static
-#                                         # then compiled (generated tokens/s, the share of the step generating)
+#   benchmarks/decode_gpu.sh OUT gspo     # choice_gspo on Qwen3-8B LoRA r32 (8 prompts x 8, two steps), the static
+#                                         # decoder with the adapters through peft (generation.merge_lora=false), then
+#                                         # merged (the default): generated tokens/s, the share of the step generating
+#   benchmarks/decode_gpu.sh OUT gspo_scale  # the compiled decoder, merged, at 8 prompts x 8 then 32 x 8 generated
+#                                            # together (generation.micro_batch_size=256)
 # TINY=1 checks the script on a CPU with the tiny twin.
 set -uo pipefail
 out=$1
@@ -12,6 +15,15 @@ shift
 mkdir -p "$out"
 if [ -n "${TINY:-}" ]; then size=(--tiny); batches=(4); len=(--prompt-len 8 --max-new-tokens 6); else
     size=(--model-size 8b); batches=(32 128 256); len=(--prompt-len 256 --max-new-tokens 128); fi
+gspo() {  # gspo NAME PROMPTS SETTING...: two choice_gspo steps on LoRA r32, their log and JSON under OUT
+    local name=$1 prompts=$2
+    shift 2
+    local opts=(--set model.lora.rank=32 model.lora.alpha=64)
+    [ -n "${TINY:-}" ] && opts=(--prompt-len 32 --max-new-tokens 8 --set model.lora.rank=4 model.lora.alpha=8)
+    python3 -m omnialign bench language --recipe choice_gspo "${size[@]}" --steps 2 --prompts "$prompts" "${opts[@]}" \
+        "$@" --work "/tmp/bench_$name" --out "$out/gspo_$name.json" >"$out/gspo_$name.log" 2>&1
+    echo "gspo $name rc=$?"; tail -3 "$out/gspo_$name.log" | cut -c1-700
+}
 for stage in "$@"; do
     case $stage in
     decode)
@@ -24,13 +36,12 @@ for stage in "$@"; do
         done
         ;;
     gspo)
-        opts=(--set model.lora.rank=32 model.lora.alpha=64)
-        [ -n "${TINY:-}" ] && opts=(--prompt-len 32 --max-new-tokens 8 --set)
-        for dec in static compiled; do
-            python3 -m omnialign bench language --recipe choice_gspo "${size[@]}" --steps 2 "${opts[@]}" \
-                "generation.decoder=$dec" --work "/tmp/bench_$dec" --out "$out/gspo_$dec.json" >"$out/gspo_$dec.log" 2>&1
-            echo "gspo $dec rc=$?"; tail -4 "$out/gspo_$dec.log" | cut -c1-600
-        done
+        gspo static_unmerged 8 generation.decoder=static generation.merge_lora=false
+        gspo static 8 generation.decoder=static
+        ;;
+    gspo_scale)
+        gspo compiled 8 generation.decoder=compiled
+        gspo compiled_p32 32 generation.decoder=compiled generation.micro_batch_size=256
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac

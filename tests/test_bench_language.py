@@ -20,7 +20,7 @@ COMMON = {"recipe", "model", "params_b", "trainable_m", "gpus", "step", "step_s"
 KEYS = {
     "dpo": COMMON | {"pairs", "seq_len", "pairs_per_gpu_s", "data_s", "reference_s", "media", "towers"},
     "gspo": COMMON | {"samples", "prompt_len", "max_new_tokens", "response_len", "gen_tokens_per_s", "rollout_s",
-                      "reward_s", "advantage_s", "media", "gen_share"},
+                      "reward_s", "advantage_s", "media", "gen_share", "step_tokens_per_gpu_s"},
 }  # fmt: skip
 
 
@@ -49,6 +49,8 @@ def test_bench_language_tiny_rows(kind, args, tmp_path, capsys):
         rollout, step = rows[0]["rollout_s"], rows[0]["step_s"]  # each rounded to 0.01 s: the share within that
         low, high = (rollout - 0.005) / (step + 0.005), (rollout + 0.005) / (step - 0.005)
         assert low - 1e-3 <= rows[0]["gen_share"] <= high + 1e-3, (rollout, step, rows[0]["gen_share"])
+        tokens = rows[0]["samples"] * rows[0]["response_len"]  # over the whole step, whose time is rounded too
+        assert tokens / (step + 0.005) - 0.1 <= rows[0]["step_tokens_per_gpu_s"] <= tokens / (step - 0.005) + 0.1
     if "--media" in args:  # a random clip first in every prompt, its tokens within the prompt's half of --seq-len
         assert rows[0]["media"] == "video"
         policy = language_policy("qwen3_omni", "tiny", torch.device("cpu"), torch.float32)

@@ -18,8 +18,8 @@ a mini-batch that does not divide the per-GPU batch becomes the whole batch.
   model.lora.alpha=64`): the language trainer's step on prompts of `--prompt-len` tokens: rollout
   (`rollout.n` samples per prompt; random weights rarely stop early, so responses run to
   `--max-new-tokens`), reward, advantage, [reference] and update. Per step: samples per GPU per
-  second, generated tokens per second of rollout, the share of the step spent generating (`gen_share`), seconds per
-  phase, peak allocated memory.
+  second, generated tokens per second of rollout and per GPU per second of the whole step (`step_tokens_per_gpu_s`),
+  the share of the step spent generating (`gen_share`), seconds per phase, peak allocated memory.
 Every step is reported, the first with its warm-up. `--tiny` runs the same code on tiny configs on the CPU.
 """
 
@@ -209,6 +209,7 @@ def bench_language(
                        response_len=round(tokens / local, 1), step_s=round(seconds, 2),
                        samples_per_gpu_s=round(local / seconds, 3),
                        gen_tokens_per_s=round(tokens / phases["rollout"], 1),
+                       step_tokens_per_gpu_s=round(tokens / seconds, 1),
                        gen_share=round(phases["rollout"] / seconds, 3))  # fmt: skip
         row.update({f"{k}_s": round(v, 2) for k, v in phases.items()})
         row["peak_alloc_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
