@@ -30,7 +30,8 @@ test-slow: $(VENV)/.installed
 # Each phase is a target of its own (test-gpu-1, test-gpu-2), for machines that limit a command's time; phase 2
 # takes K, a pytest -k expression, or PART, one of four named parts of under 4 minutes each on one H200:
 #   make test-gpu-2 PART=cuda; make test-gpu-2 PART=sd35; make test-gpu-2 PART=qwen_flux; make test-gpu-2 PART=flux2
-# Together the parts are every GPU test (tests/test_gpu_parts.py fails on a GPU test that no part selects).
+# Together the parts are every GPU test (tests/test_gpu_parts.py fails on a GPU test that no part selects). Phase 2
+# prints each test's output (peak memory, log-prob gaps) and every phase of a test that took over 5 s.
 GPU_WORKERS ?= 8
 PART_cuda = bf16_head or compiled_step or test_on_cuda or cuda_graph_replay or validation_draws or wan21
 PART_sd35 = sd35 or qwen3_omni or gspo or deterministic or tiny_thinker or (compiled and not compiled_step)
@@ -44,7 +45,7 @@ test-gpu-1:
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not gpu" -n $(GPU_WORKERS)
 test-gpu-2:
 	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make test-gpu needs a CUDA device'"
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rP $(if $(K),-k "$(K)")
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rP --durations=0 --durations-min=5 $(if $(K),-k "$(K)")
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

@@ -6,6 +6,8 @@
 # OUT/seeds.json and OUT/seeds.png with benchmarks/glyphs_seeds.py (`--into benchmarks/glyphs/seeds.json` there
 # merges a sweep into the shipped table). Runs go round-robin over the GPUs. A variant of the recipes: SET="KEY=VALUE
 # ..." adds config overrides to every run and TAG=_name a suffix to their names (RECIPE_name_sSEED; its own row).
+# FIRST=K starts at seed K (seeds K to K+SEEDS-1), so that a sweep too long for one command runs in parts whose
+# OUT/runs folders are gathered into one before the summary.
 out=$1; steps=${2:-300}; seeds=${3:-5}; shift $(($# < 3 ? $# : 3))
 recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_dgpo glyphs_gardo glyphs_tempflow glyphs_branch glyphs_online_dpo glyphs_distill}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1)); jobs=${JOBS:-$(nproc)}  # before OMP_NUM_THREADS=1, which nproc obeys
@@ -20,7 +22,7 @@ print(json.dumps({"date": str(datetime.date.today()), "device": device, "torch":
 PY
 i=0
 for r in $recipes; do
-  for s in $(seq 0 $((seeds - 1))); do echo "$((i % gpus)) $r $s"; i=$((i + 1)); done
+  for s in $(seq ${FIRST:-0} $((${FIRST:-0} + seeds - 1))); do echo "$((i % gpus)) $r $s"; i=$((i + 1)); done
 done | xargs -P $jobs -L 1 bash -c '
   CUDA_VISIBLE_DEVICES=$0 $PYTHON -m omnialign train $1 seed=$2 name=$1${TAG}_s$2 trainer.total_steps=$steps \
     trainer.val_every=10 trainer.save_every=$steps trainer.progress=false trainer.save_val_images=true \
