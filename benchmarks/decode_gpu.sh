@@ -8,6 +8,9 @@
 #                                         # merged (the default): generated tokens/s, the share of the step generating
 #   benchmarks/decode_gpu.sh OUT gspo_scale  # the compiled decoder, merged, at 8 prompts x 8 then 32 x 8 generated
 #                                            # together (generation.micro_batch_size=256)
+#   benchmarks/decode_gpu.sh OUT autotune    # the compiled decoder at batch 128 as it is, with inductor's GEMM
+#                                            # autotuning (TORCHINDUCTOR_MAX_AUTOTUNE=1), and with coordinate-descent
+#                                            # tuning of its fused kernels besides (three processes, one after another)
 # TINY=1 checks the script on a CPU with the tiny twin.
 set -uo pipefail
 out=$1
@@ -42,6 +45,17 @@ for stage in "$@"; do
     gspo_scale)
         gspo compiled 8 generation.decoder=compiled
         gspo compiled_p32 32 generation.decoder=compiled generation.micro_batch_size=256
+        ;;
+    autotune)
+        b=${batches[1]:-${batches[0]}}
+        for tuning in plain max_autotune coordinate; do
+            flags=()
+            [ "$tuning" != plain ] && flags+=(TORCHINDUCTOR_MAX_AUTOTUNE=1)
+            [ "$tuning" = coordinate ] && flags+=(TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1)
+            env "${flags[@]}" python3 -m omnialign bench decode "${size[@]}" --prompts "$b" "${len[@]}" \
+                --decoders compiled --out "$out/autotune_$tuning.json" >"$out/autotune_$tuning.log" 2>&1
+            echo "autotune $tuning rc=$?"; grep -E '^(\{"decoder|compiled )' "$out/autotune_$tuning.log" | cut -c1-420
+        done
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac
