@@ -22,6 +22,9 @@ KEYS = {
     "gspo": COMMON | {"samples", "prompt_len", "max_new_tokens", "response_len", "gen_tokens_per_s", "rollout_s",
                       "reward_s", "advantage_s", "media", "gen_share", "step_tokens_per_gpu_s"},
 }  # fmt: skip
+KEYS["gspo_replay"] = KEYS["gspo"] | {"old_log_probs_s", "rollout_logprob_gap"}
+GSPO = ["--recipe", "choice_gspo", "--prompt-len", "24", "--max-new-tokens", "6", "--prompts", "2", "--set",
+        "model.lora.rank=4", "model.lora.alpha=8"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -29,8 +32,8 @@ KEYS = {
     [
         ("dpo", ["--recipe", "qwen3_omni_dpo", "--seq-len", "48", "--prompts", "2"]),
         ("dpo", ["--recipe", "qwen3_omni_dpo", "--seq-len", "500", "--prompts", "2", "--media", "video"]),
-        ("gspo", ["--recipe", "choice_gspo", "--prompt-len", "24", "--max-new-tokens", "6", "--prompts", "2",
-                  "--set", "model.lora.rank=4", "model.lora.alpha=8"]),
+        ("gspo", GSPO),
+        ("gspo_replay", [*GSPO, "algorithm.old_log_probs=recompute"]),
     ],
 )  # fmt: skip
 def test_bench_language_tiny_rows(kind, args, tmp_path, capsys):
@@ -51,6 +54,8 @@ def test_bench_language_tiny_rows(kind, args, tmp_path, capsys):
         assert low - 1e-3 <= rows[0]["gen_share"] <= high + 1e-3, (rollout, step, rows[0]["gen_share"])
         tokens = rows[0]["samples"] * rows[0]["response_len"]  # over the whole step, whose time is rounded too
         assert tokens / (step + 0.005) - 0.1 <= rows[0]["step_tokens_per_gpu_s"] <= tokens / (step - 0.005) + 0.1
+    if kind == "gspo_replay":  # the float32 static decoder records the training forward's log-probs (merged LoRA too)
+        assert all(r["rollout_logprob_gap"] < 1e-5 for r in rows), rows
     if "--media" in args:  # a random clip first in every prompt, its tokens within the prompt's half of --seq-len
         assert rows[0]["media"] == "video"
         policy = language_policy("qwen3_omni", "tiny", torch.device("cpu"), torch.float32)

@@ -212,6 +212,8 @@ def bench_language(
                        step_tokens_per_gpu_s=round(tokens / seconds, 1),
                        gen_share=round(phases["rollout"] / seconds, 3))  # fmt: skip
         row.update({f"{k}_s": round(v, 2) for k, v in phases.items()})
+        if "actor/rollout_logprob_gap" in metrics:  # with the replay: rollout against training log-probs, per token
+            row["rollout_logprob_gap"] = round(float(metrics["actor/rollout_logprob_gap"]), 6)
         row["peak_alloc_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
         rows.append(row)
         print(json.dumps(row), flush=True)
