@@ -232,10 +232,28 @@ def test_cuda_graph_replay_equals_the_eager_step(policy):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_compiled_step_samples_as_the_eager_step(policy, device):
+def test_attention_reach_grows_by_buckets(policy, device, monkeypatch):
+    """A decode step attends only to the cache's first multiple of `decode.BUCKET` slots that holds its own: with
+    buckets of 4 slots (on a GPU a graph captured for each) the tokens and log-probs are those of steps that attend to
+    the whole cache."""
+    net = policy.transformer.to(device)
+    ids, mask = (t.to(device) for t in prompts(policy))
+    outputs = []
+    for bucket in (4, 10_000):
+        monkeypatch.setattr(decode, "BUCKET", bucket)
+        torch.manual_seed(1)
+        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 20, 0.8))
+    assert torch.equal(outputs[0][0], outputs[1][0])
+    torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-6, rtol=0)
+    net.cpu()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compiled_step_samples_as_the_eager_step(policy, device, monkeypatch):
     """`compiled=True` (the decode step through torch.compile, then captured as a graph on a GPU) samples the eager
-    step's tokens with its log-probs within float32 rounding, for several cache lengths and batch sizes from one
-    compilation, and with merged LoRA weights."""
+    step's tokens with its log-probs within float32 rounding, for several cache lengths, attention reaches (buckets of
+    4 slots) and batch sizes from one compilation, and with merged LoRA weights."""
+    monkeypatch.setattr(decode, "BUCKET", 4)
     net = policy.transformer.to(device)
     ids, mask = (t.to(device) for t in prompts(policy))
     torch._dynamo.reset()

@@ -1,5 +1,7 @@
 """Fast sampling from a dense Qwen3-family causal LM: a static KV cache, one batched prefill, and a decode step
-captured once as a CUDA graph and replayed for every token (on a GPU; eager elsewhere).
+captured as a CUDA graph and replayed for every token (on a GPU; eager elsewhere). A step attends to the cache's
+first multiple of BUCKET slots that holds its own, so early tokens of a long generation do not read the empty
+tail; one graph is captured per such reach.
 
 transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an
 H200 far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs
@@ -28,6 +30,7 @@ from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 from omnialign.models.qwen3 import head_logits
 
 CHECK_EVERY = 8  # tokens between the (host-syncing) checks whether every row has stopped
+BUCKET = 128  # cache slots by which a decode step's attention grows
 
 
 def merged_weights(net: nn.Module) -> list[dict[str, torch.Tensor]]:
@@ -129,52 +132,68 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
     try:
         attn = net.model.layers[0].self_attn
         length = width + max_new_tokens
+        # one slot more than is filled, so that every step's view of the cache (below) is strided alike and one
+        # compilation serves them all (a view of the whole cache would be contiguous, the others not)
+        capacity = length + 1
         dtype = net.model.embed_tokens.weight.dtype
-        shape = (batch, net.config.num_key_value_heads, length, attn.head_dim)
+        shape = (batch, net.config.num_key_value_heads, capacity, attn.head_dim)
         keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in net.model.layers]
         values = [torch.zeros(shape, dtype=dtype, device=device) for _ in net.model.layers]
         # Which slots a token may attend to: the real prompt tokens, then each generated one from its step on.
         # A padding position sees itself too, so that no attention row is empty.
-        seen = torch.zeros(batch, length, dtype=torch.bool, device=device)
+        seen = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         seen[:, :width] = mask.bool()
-        causal = torch.ones(width, length, dtype=torch.bool, device=device).tril()
-        visible = (causal & seen[:, None]) | torch.eye(width, length, dtype=torch.bool, device=device)
+        causal = torch.ones(width, capacity, dtype=torch.bool, device=device).tril()
+        visible = (causal & seen[:, None]) | torch.eye(width, capacity, dtype=torch.bool, device=device)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
         slots = torch.arange(width, device=device)
         merged = merged_weights(net) if merge_lora else [{} for _ in net.model.layers]
         logits = _forward(net, ids, positions, slots, visible[:, None], keys, values, merged)
 
-        # The decode step reads and writes only these buffers, so it can be captured once and replayed.
+        # The decode step reads and writes only these buffers, so it can be captured and replayed. It attends to the
+        # cache's first `reach` slots, the first multiple of BUCKET that holds its own (all of them at most): one
+        # graph per reach, each captured when first needed, so that early tokens do not read the empty tail.
         token_in = torch.zeros(batch, 1, dtype=torch.long, device=device)
         position = positions[:, -1:] + 1
         slot = torch.full((1,), width, dtype=torch.long, device=device)
+        forward = torch.compile(_forward) if compiled else _forward
+        steps, graphs = {}, {}
 
-        visible_step = seen[:, None, None]  # a view: the step sees the slots `seen` gains
-        forward = _forward
-        if compiled:
-            # One compilation serves every batch size and cache length (dynamo caches it on _forward's code): those
-            # two dimensions alone are symbolic. `dynamic=True` made every input's dimensions symbolic, the weights'
-            # too, whose shape reasoning grew faster than the layer count (86 s against 31 s with these marks for 8
-            # layers under FSDP2 on a CPU; Qwen3-8B's 36 did not compile within 5 minutes on an H200).
-            for t, dims in ((token_in, [0]), (position, [0]), (visible_step, [0, 3]), *((kv, [0, 2]) for kv in keys),
-                            *((kv, [0, 2]) for kv in values)):  # fmt: skip
-                torch._dynamo.maybe_mark_dynamic(t, dims)
-            forward = torch.compile(_forward)
-
-        def step() -> torch.Tensor:
+        def step(reach: int) -> torch.Tensor:
+            if reach not in steps:  # views of the cache and of `seen`: the step sees the slots `seen` gains
+                views = (
+                    seen[:, None, None, :reach],
+                    [k[:, :, :reach] for k in keys],
+                    [v[:, :, :reach] for v in values],
+                )
+                if compiled:
+                    # One compilation serves every batch size and reach (dynamo caches it on _forward's code): those
+                    # two dimensions alone are symbolic. `dynamic=True` made every input's dimensions symbolic, the
+                    # weights' too, whose shape reasoning grew faster than the layer count (86 s against 31 s with
+                    # these marks for 8 layers under FSDP2 on a CPU; Qwen3-8B's 36 did not compile within 5 minutes
+                    # on an H200).
+                    for t, dims in ((token_in, [0]), (position, [0]), (views[0], [0, 3]),
+                                    *((kv, [0, 2]) for kv in views[1] + views[2])):  # fmt: skip
+                        torch._dynamo.maybe_mark_dynamic(t, dims)
+                steps[reach] = views
+            visible_step, keys_step, values_step = steps[reach]
             seen.index_fill_(1, slot, True)
-            return forward(net, token_in, position, slot, visible_step, keys, values, merged)
+            return forward(net, token_in, position, slot, visible_step, keys_step, values_step, merged)
 
-        if graph:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                step()  # warm-up: kernels choose their algorithms outside the capture (slot `width` is rewritten)
-            torch.cuda.current_stream(device).wait_stream(side)
-            captured = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(captured):
-                graph_logits = step()
-            seen[:, width] = False
+        def replay(reach: int) -> torch.Tensor:
+            if reach not in graphs:
+                side = torch.cuda.Stream(device)
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    step(reach)  # warm-up: kernels choose their algorithms outside the capture (the same writes)
+                torch.cuda.current_stream(device).wait_stream(side)
+                captured = torch.cuda.CUDAGraph()
+                pool = next(iter(graphs.values()))[0].pool() if graphs else None
+                with torch.cuda.graph(captured, pool=pool):
+                    graphs[reach] = (captured, step(reach))
+            captured, out = graphs[reach]
+            captured.replay()
+            return out
 
         stops = torch.tensor(stop_ids, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -187,11 +206,8 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
             if t + 1 == max_new_tokens or ((t + 1) % CHECK_EVERY == 0 and bool(done.all())):
                 break
             token_in.copy_(tokens[-1][:, None])
-            if graph:
-                captured.replay()
-                logits = graph_logits
-            else:
-                logits = step()
+            reach = min(length, -(-(width + t + 1) // BUCKET) * BUCKET)  # this step's slot, width + t, within reach
+            logits = replay(reach) if graph else step(reach)
             position += 1
             slot += 1
         return torch.stack(tokens, 1), torch.stack(logps, 1)
