@@ -188,6 +188,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
                     step(reach)  # warm-up: kernels choose their algorithms outside the capture (the same writes)
                 torch.cuda.current_stream(device).wait_stream(side)
                 captured = torch.cuda.CUDAGraph()
+                # one memory pool for all: the reach only grows, so they replay in the order they were captured
                 pool = next(iter(graphs.values()))[0].pool() if graphs else None
                 with torch.cuda.graph(captured, pool=pool):
                     graphs[reach] = (captured, step(reach))
