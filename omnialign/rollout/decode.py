@@ -156,8 +156,18 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         token_in = torch.zeros(batch, 1, dtype=torch.long, device=device)
         position = positions[:, -1:] + 1
         slot = torch.full((1,), width, dtype=torch.long, device=device)
-        forward = torch.compile(_forward) if compiled else _forward
+        forward = _forward
+        if compiled:
+            # One compilation serves every batch size and reach (dynamo caches it on _forward's code): those two
+            # dimensions alone are marked symbolic. `dynamic=True` made every input's dimensions symbolic, the
+            # weights' too, whose shape reasoning grew faster than the layer count (86 s against 31 s with these marks
+            # for 8 layers under FSDP2 on a CPU; Qwen3-8B's 36 did not compile within 5 minutes on an H200).
+            forward = torch.compile(_forward)
+            for t in (token_in, position):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         steps, graphs = {}, {}
+        # one memory pool for all graphs: the reach only grows, so they replay in the order they were captured
+        pool = torch.cuda.graph_pool_handle() if graph else None
 
         def step(reach: int) -> torch.Tensor:
             if reach not in steps:  # views of the cache and of `seen`: the step sees the slots `seen` gains
@@ -167,13 +177,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
                     [v[:, :, :reach] for v in values],
                 )
                 if compiled:
-                    # One compilation serves every batch size and reach (dynamo caches it on _forward's code): those
-                    # two dimensions alone are symbolic. `dynamic=True` made every input's dimensions symbolic, the
-                    # weights' too, whose shape reasoning grew faster than the layer count (86 s against 31 s with
-                    # these marks for 8 layers under FSDP2 on a CPU; Qwen3-8B's 36 did not compile within 5 minutes
-                    # on an H200).
-                    for t, dims in ((token_in, [0]), (position, [0]), (views[0], [0, 3]),
-                                    *((kv, [0, 2]) for kv in views[1] + views[2])):  # fmt: skip
+                    for t, dims in ((views[0], [0, 3]), *((kv, [0, 2]) for kv in views[1] + views[2])):
                         torch._dynamo.maybe_mark_dynamic(t, dims)
                 steps[reach] = views
             visible_step, keys_step, values_step = steps[reach]
@@ -188,8 +192,6 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
                     step(reach)  # warm-up: kernels choose their algorithms outside the capture (the same writes)
                 torch.cuda.current_stream(device).wait_stream(side)
                 captured = torch.cuda.CUDAGraph()
-                # one memory pool for all: the reach only grows, so they replay in the order they were captured
-                pool = next(iter(graphs.values()))[0].pool() if graphs else None
                 with torch.cuda.graph(captured, pool=pool):
                     graphs[reach] = (captured, step(reach))
             captured, out = graphs[reach]
