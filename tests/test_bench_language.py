@@ -85,13 +85,13 @@ def test_full_size_configs_have_the_released_parameter_counts():
 def test_bench_decode_tiny_rows(tmp_path):
     """`omnialign bench decode --tiny`: one row per decoder, then the reference row of a bf16 head; every decoder's
     log-probs are the training forward's (float32 here, where a bf16 head changes nothing either); `--profile` adds
-    each static decoder's operators by kind for 1 and 17 tokens and one decode step's share by kind (the CPU has
+    each static decoder's operators by kind for 2 and 18 tokens and one decode step's share by kind (the CPU has
     no graph: eager three times)."""
     out = tmp_path / "decode.json"
     cli(["bench", "decode", "--tiny", "--prompts", "4", "--prompt-len", "16", "--max-new-tokens", "6", "--out",
          str(out), "--profile", str(tmp_path / "prof")])  # fmt: skip
     for name in ("eager", "graph", "compiled"):
-        for tokens in (1, 17):
+        for tokens in (2, 18):
             summary = json.loads((tmp_path / "prof" / name / f"tokens_{tokens}" / "kernels.json").read_text())
             assert summary["device_ms"] > 0 and "matmul" in summary["kinds"], summary
         step = json.loads((tmp_path / "prof" / name / "step.json").read_text())
