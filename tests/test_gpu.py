@@ -23,6 +23,7 @@ from omnialign.engine import dist, optim
 from omnialign.metrics import read_metrics, without_timing
 from omnialign.models import LOADERS
 from omnialign.recipes import RECIPES
+from omnialign.recipes.wan import A14B_BOUNDARY
 from omnialign.trainer import actor
 
 pytestmark = pytest.mark.gpu
@@ -217,6 +218,28 @@ def test_wan21_1_3b_flowgrpo_lora_at_full_size(tmp_path):
             metrics = trainer.train_step(step)
             assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
     assert_stepped(trainer.policy.transformer, before, metrics)
+
+
+def test_wan22_a14b_recipe_two_steps_on_the_tiny_twin(tmp_path):
+    """Wan 2.2 A14B's recipe on its two-expert tiny twin on the GPU (issue 33): the recipe's 20 steps at shift 12,
+    CFG 4 on the high-noise expert's steps and 3 on the low-noise expert's, the SDE window in the high-noise steps;
+    two steps with the rollout's log-probs given back by the replay, the high-noise expert trained and the low-noise
+    one (sharded beside it) unmoved."""
+    extra = ["algorithm.old_log_probs=recompute"]
+    with recipe_trainer("wan22_t2v_a14b_ocr_flowgrpo_lora", 2, True, tmp_path, extra) as trainer:
+        policy, rollout = trainer.policy, trainer.config.rollout
+        assert policy.boundary_ratio == A14B_BOUNDARY and (rollout.guidance, rollout.guidance_2) == (4.0, 3.0)
+        sigmas = policy.schedule(rollout.steps, rollout.height, rollout.width)
+        assert (sigmas[: rollout.window_end] >= A14B_BOUNDARY).all() and (sigmas[:-1] < A14B_BOUNDARY).any()
+        before, frozen = snapshot(policy.transformer), snapshot(policy.transformer_2)
+        assert not frozen["trained"] and all(p.is_cuda for p in frozen["frozen"].values())
+        for step in (1, 2):
+            metrics = trainer.train_step(step)
+            assert float(metrics["actor/rollout_logprob_gap"]) < 1e-3, float(metrics["actor/rollout_logprob_gap"])
+    assert_stepped(policy.transformer, before, metrics)
+    now = dict(policy.transformer_2.named_parameters())
+    for name, old in frozen["frozen"].items():
+        assert torch.equal(now[name].to_local().detach(), old), f"transformer_2's {name} changed"
 
 
 def test_ltx2_recipe_two_steps_on_the_tiny_twin(tmp_path):

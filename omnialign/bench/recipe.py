@@ -72,6 +72,7 @@ from omnialign.bench.models import (
 from omnialign.bench.profile import profiled
 from omnialign.config import VIDEO_ARCHS, branch_steps, images_per_sample, tree_rows, tree_widths
 from omnialign.engine import dist
+from omnialign.recipes.wan import A14B_BOUNDARY
 
 OCR_PROMPTS = [f'A storefront sign that says "{w}"' for w in
                ("OPEN", "BAKERY", "EXIT 12", "HELLO", "SALE 50%", "CAFE", "STOP", "PARK", "BOOKS", "TAXI", "HOTEL",
@@ -144,7 +145,9 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
             {"qwen_image": tiny_models.qwen_image, "flux": tiny_models.flux, "flux_kontext": tiny_models.flux_kontext,
              "sd3": tiny_models.sd3,
              "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True),
-             "wan": tiny_models.wan, "zimage": tiny_models.zimage, "flux2": tiny_models.flux2,
+             # a recipe with a second guidance scale is Wan 2.2 A14B's: the twin gets its second (low-noise) expert
+             "wan": partial(tiny_models.wan, boundary_ratio=A14B_BOUNDARY if config.rollout.guidance_2 else None),
+             "zimage": tiny_models.zimage, "flux2": tiny_models.flux2,
              "flux2_klein": tiny_models.flux2_klein, "ltx2": tiny_models.ltx2}[arch](work / "tiny")  # fmt: skip
     torch.distributed.barrier()
     if tiny:
