@@ -122,10 +122,13 @@ def test_recipe_runs_two_steps_on_the_tiny_twin(name, twins, tmp_path):
     assert EXPECTED[config.algorithm.name] in records[1], sorted(records[1])
 
 
-def test_bench_recipe_tiny_counts_videos(tmp_path):
+@pytest.mark.parametrize(("name", "extra"), [
+    ("wan21_t2v_1_3b_ocr_flowgrpo_lora", ["rollout.steps=4", "rollout.window_end=3"]),
+    ("wan22_t2v_a14b_ocr_flowgrpo_lora", []),  # the two-expert twin (guidance_2 refuses one transformer), 20 steps
+])  # fmt: skip
+def test_bench_recipe_tiny_counts_videos(name, extra, tmp_path):
     """`omnialign bench recipe --tiny` on a Wan recipe: a row of videos per GPU per second."""
-    (row,) = bench_recipe("wan21_t2v_1_3b_ocr_flowgrpo_lora", 1, 1, True, 1.0, tmp_path,
-                          ["rollout.steps=4", "rollout.window_end=3"])  # fmt: skip
+    (row,) = bench_recipe(name, 1, 1, True, 1.0, tmp_path, extra)
     assert row["videos"] == 4 and row["videos_per_gpu_s"] > 0 and row["rollout_s"] > 0 and "images" not in row
     assert row["update_s"] > 0 and "tflop_per_video" in row
 
