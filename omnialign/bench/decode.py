@@ -123,7 +123,8 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
         timed(4)  # warm-up
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        # the faster of two calls each: a single short call once took 0.8 s longer than its twin (an H200, batch 128)
+        # the faster of two calls each: one short call once took 0.8 s longer than the same prefill in the next
+        # decoder's call (an H200, batch 128)
         first = min(timed(2)[0] for _ in range(2))
         total, out, lp = min((timed(max_new_tokens) for _ in range(2)), key=lambda timing: timing[0])
         is_stop = torch.isin(out, torch.tensor(stop, device=out.device)).long()

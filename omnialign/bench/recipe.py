@@ -146,7 +146,8 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
              "sd3": tiny_models.sd3,
              "qwen_image_edit": partial(tiny_models.qwen_image_edit, plus=True),
              # a recipe with a second guidance scale is Wan 2.2 A14B's: the twin gets its second (low-noise) expert
-             "wan": partial(tiny_models.wan, boundary_ratio=A14B_BOUNDARY if config.rollout.guidance_2 else None),
+             "wan": partial(tiny_models.wan,
+                            boundary_ratio=None if config.rollout.guidance_2 is None else A14B_BOUNDARY),
              "zimage": tiny_models.zimage, "flux2": tiny_models.flux2,
              "flux2_klein": tiny_models.flux2_klein, "ltx2": tiny_models.ltx2}[arch](work / "tiny")  # fmt: skip
     torch.distributed.barrier()
