@@ -123,13 +123,23 @@ def test_sampled_log_probs_equal_the_training_forward(policy, decoder, adapter, 
 def test_merged_lora_samples_as_the_adapted_modules(policy):
     """With LoRA on all seven projections of every layer, `merge_lora` (the default) runs no adapter module at any
     token, samples the same tokens as the adapters applied through peft, records the training forward's log-probs
-    within float32 rounding, and leaves every weight of the network as it was; with the adapters off, nothing is
-    merged."""
+    within float32 rounding, and leaves every weight of the network as it was; with the adapters off, the stacked
+    weights are the base layers' own."""
     net = policy.transformer
     adapt(net, 3, qwen3.ATTENTION + ["gate_proj", "up_proj", "down_proj"])
-    assert [len(w) for w in decode.merged_weights(net)] == [7] * len(net.model.layers)
+    layer = net.model.layers[0]
     with lora.adapters_disabled(net):
-        assert not any(decode.merged_weights(net))
+        plain = decode.merged_weights(net)[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        assert torch.equal(plain["qkv"][0], torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        assert torch.equal(plain["gate_up"][0], torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        assert plain["o_proj"][0] is attn.o_proj.base_layer.weight and plain["qkv"][1] is None
+    merged = decode.merged_weights(net)[0]
+    delta = layer.self_attn.k_proj.get_delta_weight("default")
+    q_rows = layer.self_attn.q_proj.out_features
+    k_rows = slice(q_rows, q_rows + layer.self_attn.k_proj.out_features)
+    torch.testing.assert_close(merged["qkv"][0][k_rows], layer.self_attn.k_proj.weight + delta)
+    assert not torch.equal(merged["down_proj"][0], layer.mlp.down_proj.weight)
     before = {k: v.clone() for k, v in net.state_dict().items()}
     calls = []
     hooks = [

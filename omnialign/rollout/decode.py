@@ -5,11 +5,12 @@ tail; one graph is captured per such reach.
 
 transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an
 H200 far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs
-one graph replay and a few sampling kernels. The layers run through the network's own modules, so LoRA
-adapters apply; by default (`merge_lora`) each adapted projection runs as one GEMM by its weight with the active
-adapters folded in, W + s·B·A, made once per generation in a copy (the network's own weights are not touched),
-instead of the base GEMM plus peft's cast, two small GEMMs, scale and add at every token. A network sharded with
-FSDP2 is unsharded for the whole generation and resharded after.
+one graph replay and a few sampling kernels. By default (`merge_lora`) a layer's seven projections run as four
+GEMMs by copies of their weights made once per generation: q/k/v stacked into one, gate/up into another, each with
+its active LoRA adapters folded in, W + s·B·A (the network's own weights are not touched), instead of seven base
+GEMMs plus peft's cast, two small GEMMs, scale and add per adapted projection at every token. Without it the layers
+run through the network's own modules. A network sharded with FSDP2 is unsharded for the whole generation and
+resharded after.
 
 Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
 default generator (seed it as the rollout does). The logits come from the output head in float32, as training
@@ -33,46 +34,56 @@ CHECK_EVERY = 8  # tokens between the (host-syncing) checks whether every row ha
 BUCKET = 128  # cache slots by which a decode step's attention grows
 
 
-def merged_weights(net: nn.Module) -> list[dict[str, torch.Tensor]]:
-    """Per decoder layer, the weight of each LoRA-adapted projection by its name ("q_proj", ...) with its active
-    adapters folded in, W + s·B·A, summed in float32 and kept in W's dtype; a projection whose adapters are off is
-    left out."""
-    out = []
-    for layer in net.model.layers:
-        weights = {}
-        for name, m in layer.named_modules():
-            if isinstance(m, LoraLayer) and not m.disable_adapters and not m.merged:
-                w = m.base_layer.weight
-                delta = sum(m.get_delta_weight(a).float() for a in m.active_adapters)
-                weights[name.rsplit(".", 1)[-1]] = (w.float() + delta).to(w.dtype)
-        out.append(weights)
-    return out
+def merged_weights(net: nn.Module) -> list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
+    """Per decoder layer, its projections as four (weight, bias) pairs: "qkv" (q, k and v stacked), "o_proj",
+    "gate_up" (gate and up stacked) and "down_proj", each projection with its active LoRA adapters folded in,
+    W + s·B·A (summed in float32, kept in W's dtype). A projection without adapters contributes its own weight."""
 
+    def weight(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not isinstance(m, LoraLayer):
+            return m.weight, m.bias
+        w, b = m.base_layer.weight, m.base_layer.bias
+        if m.disable_adapters or m.merged:
+            return w, b
+        delta = sum(m.get_delta_weight(a).float() for a in m.active_adapters)
+        return (w.float() + delta).to(w.dtype), b
 
-def _project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """The projection `module` of x, or with `weight` (its merged weight) one GEMM by it and the base bias."""
-    return module(x) if weight is None else F.linear(x, weight, module.base_layer.bias)
+    def stacked(*modules: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        pairs = [weight(m) for m in modules]
+        biases = [b for _, b in pairs]
+        return torch.cat([w for w, _ in pairs]), None if biases[0] is None else torch.cat(biases)
+
+    return [{"qkv": stacked(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+             "o_proj": weight(layer.self_attn.o_proj),
+             "gate_up": stacked(layer.mlp.gate_proj, layer.mlp.up_proj),
+             "down_proj": weight(layer.mlp.down_proj)} for layer in net.model.layers]  # fmt: skip
 
 
 def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
              keys: list[torch.Tensor], values: list[torch.Tensor],
-             merged: list[dict[str, torch.Tensor]]) -> torch.Tensor:  # fmt: skip
+             merged: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]] | None) -> torch.Tensor:  # fmt: skip
     """Float32 logits (B, V) of the last of T new tokens.
 
     ids, positions: (B, T) tokens and their rotary positions; slots: (T,) cache slots they are written to;
     visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D);
-    merged: per layer, the merged weights of adapted projections (`merged_weights`; empty dicts: as the modules)."""
+    merged: per layer, the four GEMMs' weights of `merged_weights` (None: the network's own modules)."""
     model = net.model
     x = model.embed_tokens(ids)
     rope = model.rotary_emb(x, positions)
     batch, length = ids.shape
+    head_dim = model.layers[0].self_attn.head_dim
+    q_width, kv_width = net.config.num_attention_heads * head_dim, net.config.num_key_value_heads * head_dim
     for i, layer in enumerate(model.layers):
-        attn, mlp, w = layer.self_attn, layer.mlp, merged[i]
+        attn, mlp = layer.self_attn, layer.mlp
         h = layer.input_layernorm(x)
         heads = (batch, length, -1, attn.head_dim)
-        q = attn.q_norm(_project(attn.q_proj, h, w.get("q_proj")).view(heads)).transpose(1, 2)
-        k = attn.k_norm(_project(attn.k_proj, h, w.get("k_proj")).view(heads)).transpose(1, 2)
-        v = _project(attn.v_proj, h, w.get("v_proj")).view(heads).transpose(1, 2)
+        if merged is None:
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        else:
+            q, k, v = F.linear(h, *merged[i]["qkv"]).split([q_width, kv_width, kv_width], -1)
+        q = attn.q_norm(q.view(heads)).transpose(1, 2)
+        k = attn.k_norm(k.view(heads)).transpose(1, 2)
+        v = v.view(heads).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *rope)
         keys[i].index_copy_(2, slots, k.to(keys[i].dtype))
         values[i].index_copy_(2, slots, v.to(values[i].dtype))
@@ -82,10 +93,14 @@ def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: 
         else:
             o = F.scaled_dot_product_attention(q, keys[i], values[i], attn_mask=visible, scale=attn.scaling,
                                                enable_gqa=True).transpose(1, 2)  # fmt: skip
-        x = x + _project(attn.o_proj, o.reshape(batch, length, -1), w.get("o_proj"))
+        o = o.reshape(batch, length, -1)
+        x = x + (attn.o_proj(o) if merged is None else F.linear(o, *merged[i]["o_proj"]))
         h = layer.post_attention_layernorm(x)
-        gate, up = _project(mlp.gate_proj, h, w.get("gate_proj")), _project(mlp.up_proj, h, w.get("up_proj"))
-        x = x + _project(mlp.down_proj, mlp.act_fn(gate) * up, w.get("down_proj"))
+        if merged is None:
+            x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+        else:
+            gate, up = F.linear(h, *merged[i]["gate_up"]).chunk(2, -1)
+            x = x + F.linear(mlp.act_fn(gate) * up, *merged[i]["down_proj"])
     return head_logits(model.norm(x[:, -1]), net.lm_head.weight)
 
 
@@ -122,8 +137,8 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
     and the float32 log-probs (B, R) of the sampled tokens (0 after the stop token). `graph`: replay the decode step
     as a CUDA graph (default: on a CUDA device). `compiled`: the decode step through `torch.compile` (before the
     capture), which fuses each layer's norms, rotary embedding and residuals (`generation.decoder=compiled`).
-    `merge_lora`: LoRA-adapted projections as one GEMM by a merged copy of their weights (`merged_weights`;
-    `generation.merge_lora`), else through peft's modules."""
+    `merge_lora`: each layer's projections as four GEMMs by stacked copies of their weights with the LoRA adapters
+    folded in (`merged_weights`; `generation.merge_lora`), else through the network's modules."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
     units = [m for m in net.modules() if isinstance(m, FSDPModule)]
@@ -147,7 +162,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         visible = (causal & seen[:, None]) | torch.eye(width, capacity, dtype=torch.bool, device=device)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
         slots = torch.arange(width, device=device)
-        merged = merged_weights(net) if merge_lora else [{} for _ in net.model.layers]
+        merged = merged_weights(net) if merge_lora else None
         logits = _forward(net, ids, positions, slots, visible[:, None], keys, values, merged)
 
         # The decode step reads and writes only these buffers, so it can be captured and replayed. It attends to the
