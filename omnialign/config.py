@@ -392,6 +392,13 @@ class TrainerConfig:
     """Deterministic kernels for the whole run (engine/dist.py `deterministic`; docs/engine.md): the same config and
     seed on the same device and software give the same metrics.jsonl (its timing/* entries aside), bit for bit. An op
     with no deterministic kernel then stops the run naming itself (on CUDA: top-p sampling's cumsum)."""
+    ema_decay: float = 0.0
+    """0: off. Otherwise validation samples from an exponential moving average of the trained parameters (float32
+    copies, checkpointed beside them; `omnialign export` writes it), as flow_grpo evaluates and saves (its runs: 0.9
+    every 8 optimizer steps). Updated after every `ema_every`-th training step s (1, 2, ...) toward the parameters by
+    1 - min(s / (9 + s), ema_decay)."""
+    ema_every: int = 1
+    """Training steps between updates of the moving average (`ema_decay`)."""
 
 
 @dataclass

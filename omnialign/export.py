@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from omnialign.config import Config, from_dict
 from omnialign.models import LOADERS, lora
+from omnialign.trainer.ema import ParameterAverage
 
 
 def run_config(checkpoint_dir: Path) -> Config:
@@ -35,7 +36,8 @@ def run_config(checkpoint_dir: Path) -> Config:
 
 
 def load_trained_network(checkpoint_dir: Path) -> tuple[Config, torch.nn.Module, "lora.LoraConfig | None"]:
-    """The run's network on the host with the checkpoint's trained weights (and its LoRA config)."""
+    """The run's network on the host with the checkpoint's trained weights (their moving average where the run kept
+    one, `trainer.ema_decay`), and its LoRA config."""
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / ".metadata").exists():
         raise FileNotFoundError(f"{checkpoint_dir} is not a complete checkpoint (no .metadata)")
@@ -51,6 +53,10 @@ def load_trained_network(checkpoint_dir: Path) -> tuple[Config, torch.nn.Module,
     state = {"model": get_model_state_dict(net, options=options)}
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)
     set_model_state_dict(net, state["model"], options=options)
+    if config.trainer.ema_decay:  # the run validated the moving average of its trained parameters: take it
+        average = ParameterAverage(net, config.trainer.ema_decay, config.trainer.ema_every)
+        dcp.load({"tensors": average.tensors()}, checkpoint_id=checkpoint_dir, no_dist=True)
+        average.load_into_parameters()
     return config, net, lora_config
 
 

@@ -49,13 +49,15 @@ RESUMABLE = (
 """Config keys a resumed run may change: how long it trains and how often it validates and saves, how the same
 math is computed (engine options, staging, chunk sizes), where remote rewards are served. Any other change would
 make it a different training run: start a new one (name=NEW) instead."""
+NOT_RESUMABLE = ("trainer.ema_",)
+"""Keys under RESUMABLE that may not change all the same: the moving average is part of the run's state."""
 
 
 def check_resume_config(saved: dict, config: Config) -> None:
     """ConfigError listing every key that differs from the run's saved config.json and may not change on resume."""
     old, new = flat_values(saved), flat_values(json.loads(json.dumps(to_dict(config))))
-    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in old
-               if old.get(k) != new.get(k) and not k.startswith(RESUMABLE)]  # fmt: skip
+    fixed = [k for k in old if not k.startswith(RESUMABLE) or k.startswith(NOT_RESUMABLE)]
+    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in fixed if old.get(k) != new.get(k)]
     if changed:
         raise ConfigError(
             "--resume continues the same training run, but these settings differ from its config.json: "

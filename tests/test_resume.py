@@ -80,6 +80,8 @@ def test_resume_refuses_changed_training_settings_and_allows_the_schedule(tmp_pa
     main(small("glyphs_flowgrpo", tmp_path, "trainer.total_steps=2"))
     with pytest.raises(ConfigError, match=r"actor.lr: 0.0001 -> 0.001.*name=NEW_NAME"):
         main(small("glyphs_flowgrpo", tmp_path, "trainer.total_steps=3", "actor.lr=1e-3"), resume="auto")
+    with pytest.raises(ConfigError, match=r"trainer.ema_decay: 0.0 -> 0.9"):  # the average is the run's state
+        main(small("glyphs_flowgrpo", tmp_path, "trainer.total_steps=3", "trainer.ema_decay=0.9"), resume="auto")
     main(small("glyphs_flowgrpo", tmp_path, "trainer.total_steps=3", "trainer.save_every=3"), resume="auto")
     assert json.loads((tmp_path / "glyphs_flowgrpo" / "config.json").read_text())["trainer"]["total_steps"] == 3
 

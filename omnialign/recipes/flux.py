@@ -160,7 +160,8 @@ def flux_ocr_tempflow_lora() -> Config:
     each of steps 0-8, 6 SDE transitions (eta 0.9) leave the trunk's state, each finished by the ODE: 54 images and
     rows a trunk, 10368 a step (the reference's 48 GPUs x 4 trunks an epoch), two optimizer steps of 5184 rows;
     LoRA r32/a64, clip 1e-4, KL 0.004 (its beta: the same exact Gaussian KL as ours), lr 3e-4, 250 steps (its
-    epochs). Micro-batches of 4, the base's 16 at 512x512 in tokens. Its EMA of the adapter is not implemented."""
+    epochs). Micro-batches of 4, the base's 16 at 512x512 in tokens. Its EMA of the adapter is
+    `trainer.ema_decay`, left off."""
     c = _variant(flux_ocr_flowgrpo_lora(), "flux_ocr_tempflow_lora")
     c.algorithm.name = "tempflow"
     c.model.lora.rank, c.model.lora.alpha = 32, 64

@@ -6,8 +6,9 @@ Point `model.path` at a local pipeline folder and `data.prompts` / `data.val_pro
 examples (X-GenGroup/Flow-Factory examples/grpo/lora/flux2/t2i.yaml and flux2_klein/default.yaml): LoRA r64/a128 on
 its FLUX.2 targets, 48 prompts x 16 images, one SDE step a sample in a window of the first steps, clip 1e-4,
 advantages clipped to +-5 and normalised per group, no KL, lr 3e-4, two optimizer steps a step, validation and
-checkpoints every 20 steps, the pipelines' 512 text tokens. Its EMA of the adapter and its reward (CLIP and PickScore)
-are not ported: the reward is OCR, as in the FLUX.1 recipes. Validation draws at the rollout size, not its 1024x1024.
+checkpoints every 20 steps, the pipelines' 512 text tokens. Its EMA of the adapter (`trainer.ema_decay`) is left
+off and its reward (CLIP and PickScore) is not ported: the reward is OCR, as in the FLUX.1 recipes. Validation draws
+at the rollout size, not its 1024x1024.
 Where Flow-Factory has no FLUX.2 example (GRPO-Guard, online DPO; DPPO and NFT on FLUX.2-dev), a variant makes the
 edit our FLUX.1 variant makes (`recipes/flux.py`).
 

@@ -12,9 +12,10 @@ videos, 24 rollout steps without CFG (its training guidance_scale 1; STG, modali
 coefficients-preserving transitions (its CPS) at noise level 0.8 on 3 steps among the first 10 (it draws the 3 from
 steps 0-9 at random, here a window of 3 consecutive ones), clip 1e-4, advantages clipped to 5 and normalised over the
 batch (global_std), no KL, lr 3e-4, weight decay 1e-4, two optimizer steps a step, activation checkpointing, 50
-validation steps. Its EMA of the weights is not implemented, and its evaluation CFG of 4 is not taken: validation
-samples as the rollout does (rollout.guidance). Flow-Factory has no LTX-2 DiffusionNFT config: the NFT recipe takes
-our Wan recipes' NFT settings (beta 0.1, kappa 1e-4, 4 training timesteps a step, one optimizer step a step).
+validation steps. Its EMA of the weights (`trainer.ema_decay`) is left off, and its evaluation CFG of 4 is not
+taken: validation samples as the rollout does (rollout.guidance). Flow-Factory has no LTX-2 DiffusionNFT config: the
+NFT recipe takes our Wan recipes' NFT settings (beta 0.1, kappa 1e-4, 4 training timesteps a step, one optimizer
+step a step).
 Sizes are the global batch; under torchrun each GPU takes its share. The text is the pipeline's 1024 tokens (a
 multiple of its connectors' 128 registers, which fill the padding and are attended to: the length is not free).
 """

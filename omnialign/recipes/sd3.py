@@ -114,7 +114,7 @@ def sd3_ocr_tempflow_lora() -> Config:
     each trunk its own group; at each of steps 0-8, 6 SDE transitions (eta 0.7) leave the trunk's state, each
     finished by the ODE: 54 images and rows a trunk, 10368 a step (the reference's 48 GPUs x 4 trunks an epoch),
     two optimizer steps of 5184 rows (its gradient accumulation 2 of 4); clip 1e-4, KL 0.004 (its beta: the same
-    exact Gaussian KL as ours), lr 3e-4, LoRA r32/a64. Its EMA of the adapter is not implemented."""
+    exact Gaussian KL as ours), lr 3e-4, LoRA r32/a64. Its EMA of the adapter is `trainer.ema_decay`, left off."""
     c = _variant(sd3_ocr_flowgrpo_lora(), "sd3_ocr_tempflow_lora")
     c.algorithm.name = "tempflow"
     c.data.prompts_per_step, c.rollout.n = 48, 4  # 4 trunks a prompt: the rows of a (trunk, step) are a group

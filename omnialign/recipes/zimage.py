@@ -11,9 +11,10 @@ every block, 48 prompts x 16 images, 10 steps (40 to validate) at CFG 4 in the p
 guidance_scale and the model card's 4; rollout.guidance = 1 + 4 here, see models/zimage.py), the scheduler's shift 6,
 lr 3e-4, advantages normalised per group (its global_std false), no KL. FlowGRPO: SDE (eta 0.7, its noise level) on
 one step drawn from steps 1-3 (its sde_steps), clip 1e-4, two optimizer steps a step. Its EMA of the weights (an
-evaluation copy) is not implemented. The variants' own settings come from our FLUX.1 recipes where Flow-Factory has
-no Z-Image config (GRPO-Guard, Flow-DPPO, online DPO). 128 text tokens: exact while a prompt fits (Z-Image drops
-the padding; the pipeline's 512 would only cost text encoder work). Regional compilation is off: the transformer's
+evaluation copy, `trainer.ema_decay`) is left off. The variants' own settings come from our FLUX.1 recipes where
+Flow-Factory has no Z-Image config (GRPO-Guard, Flow-DPPO, online DPO). 128 text tokens: exact while a prompt fits
+(Z-Image drops the padding; the pipeline's 512 would only cost text encoder work). Regional compilation is off: the
+transformer's
 sequence length follows the captions' (a multiple of 32 per caption, the longest of a batch), so compiled blocks
 would recompile for each new length.
 

@@ -7,6 +7,7 @@ validation metric before and after training (`summary.json`).
 """
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -14,30 +15,38 @@ from tqdm import tqdm
 
 from omnialign.engine import checkpoint, dist
 from omnialign.metrics import failed_rewards, grid_path, plot_curves, read_metrics, to_host
+from omnialign.trainer.ema import ParameterAverage
 
 
 def run_loop(
     trainer, model: torch.nn.Module, resume: Path | None, key: str, tensors: dict[str, torch.Tensor] | None = None
 ) -> dict:
     """Train `model` to trainer.total_steps; `key` is the headline validation metric of the summary; `tensors`
-    are checkpointed beside the trained parameters."""
+    are checkpointed beside the trained parameters. With `trainer.ema_decay`, validation runs on the trained
+    parameters' moving average (trainer/ema.py), which is checkpointed too."""
     c, world = trainer.config.trainer, trainer.world
+    average = ParameterAverage(model, c.ema_decay, c.ema_every) if c.ema_decay else None
+    tensors = {**(tensors or {}), **(average.tensors() if average else {})}
     start = 0
     if resume is not None:
         start = checkpoint.load(resume, model, trainer.optimizer, trainer.scheduler, world, tensors)["step"]
         if trainer.log:
             trainer.log.truncate_after(start)
             print(f"resumed from {resume} at step {start}")
+
+    def validate(step: int) -> dict[str, torch.Tensor]:
+        with trainer.timer.phase("validate"), average.applied() if average else nullcontext():
+            return trainer.validate(step)
+
     if start == 0:
-        with trainer.timer.phase("validate"):
-            metrics = trainer.validate(0)
-        record(trainer, 0, metrics, key, validated=True)
+        record(trainer, 0, validate(0), key, validated=True)
     for step in range(start + 1, c.total_steps + 1):
         metrics = trainer.train_step(step)
+        if average:
+            average.update(step)
         validated = step % c.val_every == 0 or step == c.total_steps
         if validated:
-            with trainer.timer.phase("validate"):
-                metrics.update(trainer.validate(step))
+            metrics.update(validate(step))
         record(trainer, step, metrics, key, validated)
         if step % c.save_every == 0 or step == c.total_steps:
             with trainer.timer.phase("save"):
