@@ -252,10 +252,12 @@ def test_compiled_decoder_trains_as_the_static_one(models, omni_data, tmp_path):
             assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-5), (ra["step"], key)
 
 
-@pytest.mark.parametrize("name", ["choice_dapo", "choice_distill", "choice_dpo"])
-def test_language_run_resumes_identically(name, models, omni_data, tmp_path):
-    """RL, on-policy distillation (a frozen teacher) and offline DPO (a reference): 3 steps = 2 + a resumed one."""
-    args = ["trainer.total_steps=3", "trainer.save_every=2", "trainer.val_every=2"]
+@pytest.mark.parametrize("name, ema", [("choice_dapo", 0), ("choice_distill", 0), ("choice_dpo", 0),
+                                       ("choice_dapo", 0.5), ("choice_dpo", 0.5)])  # fmt: skip
+def test_language_run_resumes_identically(name, ema, models, omni_data, tmp_path):
+    """RL, on-policy distillation (a frozen teacher) and offline DPO (a reference): 3 steps = 2 + a resumed one;
+    RL and DPO also with validation on the moving average of the trained parameters (`trainer.ema_decay`)."""
+    args = ["trainer.total_steps=3", "trainer.save_every=2", "trainer.val_every=2", f"trainer.ema_decay={ema}"]
     main(recipe_config(name, models, omni_data, tmp_path / "a", *args))
     main(recipe_config(name, models, omni_data, tmp_path / "b", *args, "trainer.total_steps=2"))
     main(recipe_config(name, models, omni_data, tmp_path / "b", *args), resume="auto")
