@@ -14,9 +14,8 @@ one step drawn from steps 1-3 (its sde_steps), clip 1e-4, two optimizer steps a 
 evaluation copy, `trainer.ema_decay`) is left off. The variants' own settings come from our FLUX.1 recipes where
 Flow-Factory has no Z-Image config (GRPO-Guard, Flow-DPPO, online DPO). 128 text tokens: exact while a prompt fits
 (Z-Image drops the padding; the pipeline's 512 would only cost text encoder work). Regional compilation is off: the
-transformer's
-sequence length follows the captions' (a multiple of 32 per caption, the longest of a batch), so compiled blocks
-would recompile for each new length.
+transformer's sequence length follows the captions' (a multiple of 32 per caption, the longest of a batch), so
+compiled blocks would recompile for each new length.
 
 Z-Image-Turbo (`zimage_turbo_ocr_*`) is distilled (Decoupled-DMD, then DMDR) to sample in 8 steps at shift 3 without
 CFG: its network makes the 8 jumps of that Euler schedule (sigma 1, 0.95, 0.90, 0.83, 0.75, 0.64, 0.5, 0.3, then
