@@ -102,8 +102,6 @@ SHORT_OF_VIDEO = {
     "glyphs_video_nft": "at lr 2e-4 +0.443 per frame on the CPU at the check's seed 0 with diversity 0.79 of the "
     "base's (+0.430 and 0.80 on the H200), but at seed 1 +0.387 with 0.73 (lr 3e-4: 0.71 at seed 0); on five H200 "
     "seeds +0.384 to +0.430 with diversity 0.73-0.84: not on every seed",
-    "glyphs_video_mixgrpo": "+0.200 per frame at the check's seed 0 on the H200, +0.187 on the CPU; on five H200 seeds "
-    "+0.200, +0.131, +0.141, +0.133, +0.126: not on every seed",
     "glyphs_video_grpo_guard": "+0.259 per frame at the check's seed 0 on the H200, +0.257 on the CPU; on five H200 "
     "seeds +0.259, +0.218, +0.138, +0.145, +0.080, no digit up to 0.158: not on every seed",
     "glyphs_video_online_dpo": "with DPO-Positive +0.316 per frame at the check's seed 0 on the H200; on five H200 "
