@@ -7,12 +7,14 @@
 # merges a sweep into the shipped table). Runs go round-robin over the GPUs. A variant of the recipes: SET="KEY=VALUE
 # ..." adds config overrides to every run and TAG=_name a suffix to their names (RECIPE_name_sSEED; its own row).
 # FIRST=K starts at seed K (seeds K to K+SEEDS-1), so that a sweep too long for one command runs in parts whose
-# OUT/runs folders are gathered into one before the summary.
+# OUT/runs folders are gathered into one before the summary. Runs resume (`--resume auto`): SAVE_EVERY=N checkpoints
+# every N steps (default: at the end only), so that a sweep cut off by a command's time limit goes on where it stopped
+# when run again with the same OUT; a run with a summary.json is done and is skipped.
 out=$1; steps=${2:-300}; seeds=${3:-5}; shift $(($# < 3 ? $# : 3))
 recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_dgpo glyphs_gardo glyphs_tempflow glyphs_branch glyphs_online_dpo glyphs_distill}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1)); jobs=${JOBS:-$(nproc)}  # before OMP_NUM_THREADS=1, which nproc obeys
 mkdir -p $out/runs $out/logs
-export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1 SET TAG
+export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1 SET TAG SAVE_EVERY
 $PYTHON - > $out/meta.json <<'PY'
 import datetime, json, os, subprocess, torch
 device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -24,8 +26,9 @@ i=0
 for r in $recipes; do
   for s in $(seq ${FIRST:-0} $((${FIRST:-0} + seeds - 1))); do echo "$((i % gpus)) $r $s"; i=$((i + 1)); done
 done | xargs -P $jobs -L 1 bash -c '
-  CUDA_VISIBLE_DEVICES=$0 $PYTHON -m omnialign train $1 seed=$2 name=$1${TAG}_s$2 trainer.total_steps=$steps \
-    trainer.val_every=10 trainer.save_every=$steps trainer.progress=false trainer.save_val_images=true \
-    trainer.output_dir=$out/runs $SET > $out/logs/$1${TAG}_s$2.log 2>&1 && echo "done $1$TAG seed $2" \
-    || echo "FAILED $1$TAG seed $2: $out/logs/$1${TAG}_s$2.log"'
+  [ -f $out/runs/$1${TAG}_s$2/summary.json ] && { echo "already done $1$TAG seed $2"; exit 0; }
+  CUDA_VISIBLE_DEVICES=$0 $PYTHON -m omnialign train $1 seed=$2 name=$1${TAG}_s$2 \
+    trainer.total_steps=$steps trainer.val_every=10 trainer.save_every=${SAVE_EVERY:-$steps} trainer.progress=false \
+    trainer.save_val_images=true trainer.output_dir=$out/runs $SET --resume auto >> $out/logs/$1${TAG}_s$2.log 2>&1 \
+    && echo "done $1$TAG seed $2" || echo "FAILED $1$TAG seed $2: $out/logs/$1${TAG}_s$2.log"'
 $PYTHON benchmarks/glyphs_seeds.py $out
