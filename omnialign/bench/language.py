@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from omnialign.bench.models import language_policy
+from omnialign.bench.models import language_policy, progress
 from omnialign.engine import dist
 from omnialign.models.base import LanguagePolicy
 
@@ -138,6 +138,7 @@ def language_trainer(
     if config.actor.mini_batch_size and (not local_mini or local % local_mini):
         config.actor = dataclasses.replace(config.actor, mini_batch_size=None)
     config = validate(config)
+    progress(f"building {recipe}'s {'tiny' if tiny else 'full-size'} {arch} model on {world.device}", world.is_main)
     policy = language_policy(arch, "tiny" if tiny else model_size, world.device, getattr(torch, config.model.dtype),
                              towers)  # fmt: skip
     response = seq_len // 2 if dpo else max_new_tokens
@@ -193,6 +194,7 @@ def bench_language(
     cuda = world.device.type == "cuda"
     rows = []
     for step in range(1, steps + 1):
+        progress(f"step {step} of {steps}", world.is_main)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         metrics = trainer.train_step(step)

@@ -3,6 +3,8 @@ FLUX.2, SD3.5, Wan, Z-Image, LTX-2, the Qwen3-Omni thinker and Qwen3), and the t
 bench's MFU."""
 
 import math
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +21,14 @@ from omnialign.models.qwen_image import QwenImagePolicy
 from omnialign.models.sd3 import SD3Policy
 from omnialign.models.wan import MAX_SEQUENCE_LENGTH, WanPolicy
 from omnialign.models.zimage import ZImagePolicy
+
+START = time.monotonic()
+
+
+def progress(text: str, main: bool = True) -> None:
+    """One progress line on stderr with the seconds since the bench started (a full-size build takes minutes)."""
+    if main:
+        print(f"[bench {time.monotonic() - START:6.0f} s] {text}", file=sys.stderr, flush=True)
 
 
 @contextmanager

@@ -62,6 +62,7 @@ from omnialign.bench.models import (
     full_wan,
     full_zimage,
     ltx2_flops,
+    progress,
     qwen_image_edit_tokens,
     transformer_flops,
     wan_flops,
@@ -151,6 +152,7 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
              "zimage": tiny_models.zimage, "flux2": tiny_models.flux2,
              "flux2_klein": tiny_models.flux2_klein, "ltx2": tiny_models.ltx2}[arch](work / "tiny")  # fmt: skip
     torch.distributed.barrier()
+    progress(f"building {recipe}'s {'tiny' if tiny else 'full-size'} {arch} pipeline on {world.device}", world.is_main)
     if tiny:
         config.model.path = str(work / "tiny")
         policy = LOADERS[arch](config.model)
@@ -175,6 +177,7 @@ def recipe_trainer(recipe: str, prompts: int, tiny: bool, work: Path, extra: lis
         optimizer, scheduler = optim.build(params, config.actor)
         algorithm = ALGORITHMS[config.algorithm.name](policy, config, contexts.get("reference"),
                                                       contexts.get("teacher"), contexts.get("old"))  # fmt: skip
+        progress("built; training steps next", world.is_main)
         yield OnlineTrainer(config, policy, params, optimizer, scheduler, algorithm, world, work / "run", worker,
                             sync=dist.synchronizer(world.device))  # fmt: skip
 
@@ -199,6 +202,7 @@ def bench_recipe(
         for mode in deterministic:
             with dist.deterministic(mode):
                 for step in range(1, steps + 1):
+                    progress(f"step {step} of {steps}", trainer.world.is_main)
                     if trainer.world.device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats()
                     if profile and (mode, step) == (deterministic[-1], steps):
