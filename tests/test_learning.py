@@ -96,14 +96,13 @@ def test_edit_recipe_raises_gold_accuracy_and_keeps_the_place(recipe, tmp_path):
 # 0.03) and NFT (lr 1.5e-4) pass on five of five H200 seeds (2026-12-03 and -04); the others fall short on some seed,
 # so each of their checks keeps a non-strict mark quoting its figures:
 SHORT_OF_VIDEO = {
-    "glyphs_video": "with its reference KL at 0.03: +0.205 per frame on the CPU and +0.234 on the H200 at the check's "
-    "seed 0, but +0.102 at seed 1 on the CPU; on five H200 seeds +0.234, +0.104, +0.167, +0.141, +0.162: "
-    "not on every seed",
+    "glyphs_video": "with its reference KL at 0.03 and its SDE window in the first five steps: +0.202 per frame on "
+    "the CPU and +0.233 on the H200 at the check's seed 0; on five H200 seeds +0.233 to +0.346, but diversity 0.748 of "
+    "the base's at seed 2: not on every seed",
     "glyphs_video_grpo_guard": "+0.259 per frame at the check's seed 0 on the H200, +0.257 on the CPU; on five H200 "
     "seeds +0.259, +0.218, +0.138, +0.145, +0.080, no digit up to 0.158: not on every seed",
-    "glyphs_video_online_dpo": "with DPO-Positive +0.316 per frame at the check's seed 0 on the H200; on five H200 "
-    "seeds +0.316, +0.289, +0.300, +0.145, +0.295, seed 3 with no digit 0.157, and diversity 0.74 of the base's on "
-    "seeds 2 and 3: not on every seed",
+    "glyphs_video_online_dpo": "with DPO-Positive at beta 1600: +0.195 per frame at the check's seed 0 on the CPU; on "
+    "five H200 seeds +0.218 to +0.352, but diversity 0.740 of the base's at seed 1: not on every seed",
     "glyphs_video_cps": "+0.067 per frame in 60 steps, on the H200 and the CPU alike; +0.031 to +0.067 on five H200 "
     "seeds",
     "glyphs_video_dppo": "+0.081 per frame in 60 steps on the H200, +0.090 on the CPU; +0.036 to +0.138 on five H200 "
