@@ -10,6 +10,7 @@
 #   benchmarks/speed_gpu.sh OUT wan14b           # wan21_t2v_14b_ocr_flowgrpo_lora, one step of two videos: goal 4
 #   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
+#   benchmarks/speed_gpu.sh OUT omni_gspo        # qwen3_omni_gspo alone, image rows through the full towers
 # TINY=1 checks a stage on a CPU with the tiny twins.
 set -uo pipefail
 out=$1
@@ -45,8 +46,8 @@ for stage in "$@"; do
         for media in image audio video; do
             bench language "omni_dpo_$media" qwen3_omni_dpo --towers full --media "$media" --steps 2
         done
-        bench language omni_gspo qwen3_omni_gspo --towers full --steps 2
-        ;;
+        ;&
+    omni_gspo) bench language omni_gspo qwen3_omni_gspo --towers full --media image --steps 2 ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac
 done

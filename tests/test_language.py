@@ -113,6 +113,31 @@ def test_rollout_log_probs_equal_the_training_forward(models, arch, tmp_path):
     assert torch.equal(again.response_ids, batch.response_ids)  # seeded per step
 
 
+def test_omni_responses_hold_no_media_tokens_even_where_the_head_prefers_them(models, tmp_path):
+    """A thinker whose head puts nearly all mass on the media starts samples none of them, and the training
+    forward over an image prompt and that response gives the recorded log-probs (a sampled audio start made
+    transformers' M-RoPE look for an audio input that was not there: GSPO with image rows crashed)."""
+    policy = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"])))
+    config = policy.transformer.config
+    starts = [config.vision_start_token_id, config.audio_start_token_id]
+    head = policy.transformer.get_output_embeddings().weight
+    direction = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        head.zero_()
+        head[starts[0]], head[starts[1]] = 100 * direction, -100 * direction  # one of the two wins every step
+    write_media(tmp_path, 1)
+    prompts = [[{"role": "user", "content": [{"type": "image", "image": str(tmp_path / "0.png")},
+                                              {"type": "text", "text": "What?"}]}]]  # fmt: skip
+    batch, _ = generate(policy, prompts, 2, torch.arange(1), GenerationConfig(max_new_tokens=6, micro_batch_size=2),
+                        torch.device("cpu"), seed=0)  # fmt: skip
+    assert not torch.isin(batch.response_ids, torch.tensor(policy.banned_token_ids)).any()
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
+    with torch.no_grad():
+        logp = policy.token_logprobs(ids, mask, batch.media, batch.prompt_ids.shape[1])
+    torch.testing.assert_close(logp * batch.response_mask, batch.log_probs * batch.response_mask, atol=1e-4, rtol=0)
+
+
 def test_response_ends_at_the_first_stop_token_or_string(models):
     policy = qwen3.load(ModelConfig(arch="qwen3", path=str(models["qwen3"])))
     tok = policy.tokenizer

@@ -124,7 +124,10 @@ class OmniThinkerPolicy(CausalLMPolicy):
         self.language_model = find(transformer, Qwen3OmniMoeThinkerTextModel)
         self.frozen = [find(transformer, Qwen3OmniMoeVisionEncoder), find(transformer, Qwen3OmniMoeAudioEncoder)]
         config = transformer.config
-        self.banned_token_ids = [config.image_token_id, config.audio_token_id, config.video_token_id]
+        # the placeholders, and the starts that transformers' M-RoPE counts as media wherever they stand (a sampled
+        # audio start in a response made the training forward look for an audio that is not there)
+        self.banned_token_ids = [config.image_token_id, config.audio_token_id, config.video_token_id,
+                                 config.vision_start_token_id, config.audio_start_token_id]  # fmt: skip
         for tower in self.frozen:
             tower.requires_grad_(False)
         layers = self.language_model.layers
