@@ -88,6 +88,15 @@ def test_bf16_head_equals_the_float32_head(device):
         assert (grad == expected.bfloat16()).float().mean() >= 0.99, (grad - expected).abs().max()
 
 
+def assert_recorded_log_probs_match_the_forward(policy, batch):
+    """The log-probs recorded while generating `batch` equal a training forward's over prompt and response."""
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
+    with torch.no_grad():
+        logp = policy.token_logprobs(ids, mask, batch.media, batch.prompt_ids.shape[1])
+    torch.testing.assert_close(logp * batch.response_mask, batch.log_probs * batch.response_mask, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_omni"])
 def test_rollout_log_probs_equal_the_training_forward(models, arch, tmp_path):
     """Porting check: the sampling log-probs recorded during generation equal a full forward's, with media."""
@@ -104,11 +113,7 @@ def test_rollout_log_probs_equal_the_training_forward(models, arch, tmp_path):
     config = GenerationConfig(max_new_tokens=6, micro_batch_size=8)
     batch, texts = generate(policy, prompts, 2, torch.arange(len(prompts)), config, torch.device("cpu"), seed=3)
     assert len(texts) == 2 * len(prompts) and batch.batch_size[0] == 2 * len(prompts)
-    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
-    mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
-    with torch.no_grad():
-        logp = policy.token_logprobs(ids, mask, batch.media, batch.prompt_ids.shape[1])
-    torch.testing.assert_close(logp * batch.response_mask, batch.log_probs * batch.response_mask, atol=1e-4, rtol=0)
+    assert_recorded_log_probs_match_the_forward(policy, batch)
     again, _ = generate(policy, prompts, 2, torch.arange(len(prompts)), config, torch.device("cpu"), seed=3)
     assert torch.equal(again.response_ids, batch.response_ids)  # seeded per step
 
@@ -131,11 +136,7 @@ def test_omni_responses_hold_no_media_tokens_even_where_the_head_prefers_them(mo
     batch, _ = generate(policy, prompts, 2, torch.arange(1), GenerationConfig(max_new_tokens=6, micro_batch_size=2),
                         torch.device("cpu"), seed=0)  # fmt: skip
     assert not torch.isin(batch.response_ids, torch.tensor(policy.banned_token_ids)).any()
-    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
-    mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], 1)
-    with torch.no_grad():
-        logp = policy.token_logprobs(ids, mask, batch.media, batch.prompt_ids.shape[1])
-    torch.testing.assert_close(logp * batch.response_mask, batch.log_probs * batch.response_mask, atol=1e-4, rtol=0)
+    assert_recorded_log_probs_match_the_forward(policy, batch)
 
 
 def test_response_ends_at_the_first_stop_token_or_string(models):
