@@ -302,7 +302,14 @@ def glyphs_video_mixgrpo() -> Config:
 
 def glyphs_video_grpo_guard() -> Config:
     """The video task with GRPO-Guard."""
-    return _video(glyphs_grpo_guard(), "glyphs_video_grpo_guard")
+    c = _video(glyphs_grpo_guard(), "glyphs_video_grpo_guard")
+    # FlowGRPO-video's SDE window in the first five steps, at 0.7 of the image recipe's lr: 60 steps, +0.231 to +0.377
+    # gold per frame on five H200 seeds and +0.182 to +0.377 on five CPU seeds, diversity >= 0.76 of the base's (at
+    # lr 1e-4 diversity 0.73 at CPU seed 3; without the window +0.080 to +0.259); 300 steps: gold 0.806-0.966, none
+    # collapsed (BENCHMARKS.md, glyphs video task)
+    c.rollout.window_end = 5
+    c.actor.lr = 7e-5
+    return c
 
 
 def glyphs_video_dppo() -> Config:
