@@ -2,7 +2,8 @@
 
 Builds the thinker with L full-size layers (random weights, bf16; tiny dims on a CPU), prefills 256 tokens of a
 batch with `grouped_mm`, then times 10 single-token decode steps (median, after 2 warm-up steps) with each of
-transformers' `grouped_mm` and `batched_mm` (which `generate` switches to for decoding on a GPU), at batch 32 and 128:
+transformers' `grouped_mm` and `batched_mm` (which `generate` switches to for decoding on a GPU) and the thinker's own
+`dense_decode` (`omnialign.models.qwen3_omni.dense_decode_experts`, every expert on every token), at batch 32 and 128:
 
     python benchmarks/omni_moe_decode.py L
 """
@@ -14,6 +15,7 @@ import torch
 from transformers import DynamicCache, Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
 
 from omnialign.bench.models import QWEN3_OMNI_TEXT
+from omnialign.models import qwen3_omni  # noqa: F401  (registers dense_decode)
 from omnialign.models.tiny import byte_tokenizer, thinker_config
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,7 +44,7 @@ def sync() -> None:
 
 for batch in (32, 128):
     ids = torch.randint(300, 500, (batch, 256), device=dev)
-    for impl in ("grouped_mm", "batched_mm"):
+    for impl in ("grouped_mm", "batched_mm", "dense_decode"):
         net.set_experts_implementation("grouped_mm")  # batched_mm's prefill gathers an expert copy per token
         with torch.no_grad():
             cache = DynamicCache(config=net.config.text_config)

@@ -27,6 +27,7 @@ from transformers import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
     WhisperFeatureExtractor,
 )
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, grouped_mm_experts_forward
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeAudioEncoder,
@@ -97,6 +98,30 @@ def video_patches(frames: np.ndarray, ip: Qwen2VLImageProcessorPil) -> tuple[tor
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.tensor([[t, gh, gw]])
 
 
+DENSE_EXPERTS_MAX_TOKENS = 512
+
+
+def dense_decode_experts(
+    experts: nn.Module, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """The thinker's routed experts (gated, no biases) on hidden (T, H) with each token's picks (T, k) and routing
+    weights (T, k). Up to DENSE_EXPERTS_MAX_TOKENS tokens (a decode step): every expert on every token, mixed by the
+    routing weights (0 for experts not picked), so each expert's weights are read once; at decode the picks of a
+    batch touch most experts anyway, and the extra FLOPs cost less than `batched_mm`, which transformers' `generate`
+    would switch to and which copies an expert's weights per (token, pick). More tokens (prefill, training): the
+    grouped GEMM of `grouped_mm`, as before."""
+    if hidden.shape[0] > DENSE_EXPERTS_MAX_TOKENS:
+        return grouped_mm_experts_forward(experts, hidden, top_k_index, top_k_weights)
+    mix = torch.zeros(hidden.shape[0], experts.num_experts, dtype=torch.float32, device=hidden.device)
+    mix.scatter_(1, top_k_index, top_k_weights.float())  # (T, E)
+    up = experts._apply_gate(hidden @ experts.gate_up_proj.transpose(1, 2))  # (E, T, I)
+    out = up @ experts.down_proj.transpose(1, 2)  # (E, T, H)
+    return torch.einsum("eth,te->th", out.float(), mix).to(hidden.dtype)
+
+
+ALL_EXPERTS_FUNCTIONS.register("dense_decode", dense_decode_experts)
+
+
 def find(net: nn.Module, kind: type) -> nn.Module:
     """The one submodule of `kind`: transformers moved the thinker's parts between versions (5.17: `model`,
     `visual`, `audio_tower` side by side; 5.24: under `model`, the text stack as `model.language_model`)."""
@@ -130,6 +155,7 @@ class OmniThinkerPolicy(CausalLMPolicy):
                                  config.vision_start_token_id, config.audio_start_token_id]  # fmt: skip
         for tower in self.frozen:
             tower.requires_grad_(False)
+        transformer.set_experts_implementation("dense_decode")
         layers = self.language_model.layers
         prefix = next(name for name, m in transformer.named_modules() if m is layers)
         self.lora_targets = [f"{prefix}.{i}.self_attn.{p}" for i in range(len(layers)) for p in ATTENTION]
