@@ -141,8 +141,9 @@ def test_omni_responses_hold_no_media_tokens_even_where_the_head_prefers_them(mo
 
 def test_omni_decode_experts_read_every_expert_once_and_agree_with_transformers(models, monkeypatch):
     """The thinker's experts at a decode step (every expert on every token, mixed by the routing weights) give
-    transformers' eager experts' output; above the token limit they are `grouped_mm`'s, bit for bit; the loaded
-    thinker uses them, so `generate` keeps them instead of switching to `batched_mm`."""
+    transformers' eager experts' output; above the token limit or with gradients (training) they are
+    `grouped_mm`'s, bit for bit; the loaded thinker uses them, so `generate` keeps them instead of switching to
+    `batched_mm`."""
     policy = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"])))
     assert set(policy.transformer.get_experts_implementation().values()) == {"dense_decode"}
     experts = next(m for m in policy.language_model.modules() if hasattr(m, "gate_up_proj"))
@@ -154,14 +155,18 @@ def test_omni_decode_experts_read_every_expert_once_and_agree_with_transformers(
     picks = torch.stack([torch.randperm(experts.num_experts)[:k] for _ in range(tokens)])
     weights = torch.rand(tokens, k)
     out = {}
-    for impl in ("eager", "grouped_mm", "dense_decode"):
-        experts.config._experts_implementation = impl
-        out[impl] = experts(hidden, picks, weights)
+    with torch.no_grad():
+        for impl in ("eager", "grouped_mm", "dense_decode"):
+            experts.config._experts_implementation = impl
+            out[impl] = experts(hidden, picks, weights)
     torch.testing.assert_close(
         out["dense_decode"], out["eager"], rtol=1e-5, atol=1e-5 * out["eager"].abs().max().item()
     )
+    assert not torch.equal(out["dense_decode"], out["grouped_mm"])  # its own sums ran, not grouped_mm's
+    assert torch.equal(experts(hidden, picks, weights), out["grouped_mm"])  # with gradients
     monkeypatch.setattr(qwen3_omni, "DENSE_EXPERTS_MAX_TOKENS", tokens - 1)
-    assert torch.equal(experts(hidden, picks, weights), out["grouped_mm"])
+    with torch.no_grad():
+        assert torch.equal(experts(hidden, picks, weights), out["grouped_mm"])
 
 
 def test_response_ends_at_the_first_stop_token_or_string(models):

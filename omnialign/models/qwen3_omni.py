@@ -105,12 +105,12 @@ def dense_decode_experts(
     experts: nn.Module, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
     """The thinker's routed experts (gated, no biases) on hidden (T, H) with each token's picks (T, k) and routing
-    weights (T, k). Up to DENSE_EXPERTS_MAX_TOKENS tokens (a decode step): every expert on every token, mixed by the
-    routing weights (0 for experts not picked), so each expert's weights are read once; at decode the picks of a
-    batch touch most experts anyway, and the extra FLOPs cost less than `batched_mm`, which transformers' `generate`
-    would switch to and which copies an expert's weights per (token, pick). More tokens (prefill, training): the
-    grouped GEMM of `grouped_mm`, as before."""
-    if hidden.shape[0] > DENSE_EXPERTS_MAX_TOKENS:
+    weights (T, k). Without gradients and up to DENSE_EXPERTS_MAX_TOKENS tokens (a decode step): every expert on
+    every token, mixed by the routing weights (0 for experts not picked), so each expert's weights are read once; at
+    decode the picks of a batch touch most experts anyway, and the extra FLOPs cost less than `batched_mm`, which
+    transformers' `generate` would switch to and which copies an expert's weights per (token, pick). Otherwise
+    (prefill, training, whose backward would keep every expert's activations): `grouped_mm`, as before."""
+    if torch.is_grad_enabled() or hidden.shape[0] > DENSE_EXPERTS_MAX_TOKENS:
         return grouped_mm_experts_forward(experts, hidden, top_k_index, top_k_weights)
     mix = torch.zeros(hidden.shape[0], experts.num_experts, dtype=torch.float32, device=hidden.device)
     mix.scatter_(1, top_k_index, top_k_weights.float())  # (T, E)
