@@ -139,14 +139,22 @@ def test_omni_responses_hold_no_media_tokens_even_where_the_head_prefers_them(mo
     assert_recorded_log_probs_match_the_forward(policy, batch)
 
 
-def test_omni_decode_experts_read_every_expert_once_and_agree_with_transformers(models, monkeypatch):
-    """The thinker's experts at a decode step (every expert on every token, mixed by the routing weights) give
-    transformers' eager experts' output; above the token limit or with gradients (training) they are
-    `grouped_mm`'s, bit for bit; the loaded thinker uses them, so `generate` keeps them instead of switching to
-    `batched_mm`."""
+def test_omni_generation_reads_every_expert_once_and_agrees_with_transformers(models, monkeypatch):
+    """The thinker's experts in generation (every expert on every token of a decode step, mixed by the routing
+    weights) give transformers' eager experts' output; above the token limit (a prefill) they are `grouped_mm`'s,
+    bit for bit; generation uses them, so `generate` keeps them instead of switching to `batched_mm`, and gives
+    every other forward its own experts back."""
     policy = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"])))
-    assert set(policy.transformer.get_experts_implementation().values()) == {"dense_decode"}
+    own = policy.transformer.get_experts_implementation()
     experts = next(m for m in policy.language_model.modules() if hasattr(m, "gate_up_proj"))
+    seen = []
+    hook = experts.register_forward_pre_hook(lambda module, args: seen.append(module.config._experts_implementation))
+    ids = torch.tensor([policy.tokenizer("Hi there").input_ids] * 2)
+    policy.generate(ids, torch.ones_like(ids), None, {"max_new_tokens": 3, "do_sample": False})
+    hook.remove()
+    assert seen == ["dense_decode"] * 3 and policy.transformer.get_experts_implementation() == own
+    assert "dense_decode" not in own.values()
+
     torch.manual_seed(0)
     with torch.no_grad():
         experts.gate_up_proj.normal_(), experts.down_proj.normal_()  # outputs far above rounding
@@ -155,18 +163,15 @@ def test_omni_decode_experts_read_every_expert_once_and_agree_with_transformers(
     picks = torch.stack([torch.randperm(experts.num_experts)[:k] for _ in range(tokens)])
     weights = torch.rand(tokens, k)
     out = {}
-    with torch.no_grad():
-        for impl in ("eager", "grouped_mm", "dense_decode"):
-            experts.config._experts_implementation = impl
-            out[impl] = experts(hidden, picks, weights)
+    for impl in ("eager", "grouped_mm", "dense_decode"):
+        experts.config._experts_implementation = impl
+        out[impl] = experts(hidden, picks, weights)
     torch.testing.assert_close(
         out["dense_decode"], out["eager"], rtol=1e-5, atol=1e-5 * out["eager"].abs().max().item()
     )
     assert not torch.equal(out["dense_decode"], out["grouped_mm"])  # its own sums ran, not grouped_mm's
-    assert torch.equal(experts(hidden, picks, weights), out["grouped_mm"])  # with gradients
     monkeypatch.setattr(qwen3_omni, "DENSE_EXPERTS_MAX_TOKENS", tokens - 1)
-    with torch.no_grad():
-        assert torch.equal(experts(hidden, picks, weights), out["grouped_mm"])
+    assert torch.equal(experts(hidden, picks, weights), out["grouped_mm"])
 
 
 def test_response_ends_at_the_first_stop_token_or_string(models):

@@ -104,13 +104,13 @@ DENSE_EXPERTS_MAX_TOKENS = 512
 def dense_decode_experts(
     experts: nn.Module, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
-    """The thinker's routed experts (gated, no biases) on hidden (T, H) with each token's picks (T, k) and routing
-    weights (T, k). Without gradients and up to DENSE_EXPERTS_MAX_TOKENS tokens (a decode step): every expert on
-    every token, mixed by the routing weights (0 for experts not picked), so each expert's weights are read once; at
-    decode the picks of a batch touch most experts anyway, and the extra FLOPs cost less than `batched_mm`, which
-    transformers' `generate` would switch to and which copies an expert's weights per (token, pick). Otherwise
-    (prefill, training, whose backward would keep every expert's activations): `grouped_mm`, as before."""
-    if torch.is_grad_enabled() or hidden.shape[0] > DENSE_EXPERTS_MAX_TOKENS:
+    """The thinker's routed experts (gated, no biases) in generation (`OmniThinkerPolicy.generate`) on hidden (T, H)
+    with each token's picks (T, k) and routing weights (T, k). Up to DENSE_EXPERTS_MAX_TOKENS tokens (a decode step):
+    every expert on every token, mixed by the routing weights (0 for experts not picked), so each expert's weights
+    are read once; at decode the picks of a batch touch most experts anyway, and the extra FLOPs cost less than
+    `batched_mm`, which transformers' `generate` would switch to and which copies an expert's weights per (token,
+    pick). More tokens (the prefill): `grouped_mm`, which every forward outside generation keeps."""
+    if hidden.shape[0] > DENSE_EXPERTS_MAX_TOKENS:
         return grouped_mm_experts_forward(experts, hidden, top_k_index, top_k_weights)
     mix = torch.zeros(hidden.shape[0], experts.num_experts, dtype=torch.float32, device=hidden.device)
     mix.scatter_(1, top_k_index, top_k_weights.float())  # (T, E)
@@ -155,10 +155,21 @@ class OmniThinkerPolicy(CausalLMPolicy):
                                  config.vision_start_token_id, config.audio_start_token_id]  # fmt: skip
         for tower in self.frozen:
             tower.requires_grad_(False)
-        transformer.set_experts_implementation("dense_decode")
         layers = self.language_model.layers
         prefix = next(name for name, m in transformer.named_modules() if m is layers)
         self.lora_targets = [f"{prefix}.{i}.self_attn.{p}" for i in range(len(layers)) for p in ATTENTION]
+
+    def generate(
+        self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, options: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`CausalLMPolicy.generate` with the experts of `dense_decode_experts`; the training, old-policy and
+        reference forwards keep the network's own, so that their log-probs agree bit for bit."""
+        own = self.transformer.get_experts_implementation()
+        self.transformer.set_experts_implementation("dense_decode")
+        try:
+            return super().generate(ids, mask, media, options)
+        finally:
+            self.transformer.set_experts_implementation(own)
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers, then each tower whole: generation runs the towers outside the network's forward,
