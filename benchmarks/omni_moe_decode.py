@@ -1,9 +1,10 @@
 """Decode-step time of the Qwen3-Omni thinker's text stack per MoE experts implementation (issue 32, goal 5).
 
-Builds the thinker with L full-size layers (random weights, bf16; tiny dims on a CPU), prefills 256 tokens of a
-batch with `grouped_mm`, then times 10 single-token decode steps (median, after 2 warm-up steps) with each of
-transformers' `grouped_mm` and `batched_mm` (which `generate` switches to for decoding on a GPU) and the thinker's own
-`dense_decode` (`omnialign.models.qwen3_omni.dense_decode_experts`, every expert on every token), at batch 32 and 128:
+Builds the thinker with L full-size layers (random weights, bf16; on a CPU the tiny twin's dims with the released
+expert count), prefills 256 tokens of a batch with `grouped_mm`, then times 10 single-token decode steps (median,
+after 2 warm-up steps) with each of transformers' `grouped_mm` and `batched_mm` (which `generate` switches to for
+decoding on a GPU) and the thinker's own `dense_decode` (`omnialign.models.qwen3_omni.dense_decode_experts`, every
+expert on every token), at batch 32 and 128:
 
     python benchmarks/omni_moe_decode.py L
 """
@@ -16,21 +17,14 @@ from transformers import DynamicCache, Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeTh
 
 from omnialign.bench.models import QWEN3_OMNI_TEXT
 from omnialign.models import qwen3_omni  # noqa: F401  (registers dense_decode)
-from omnialign.models.tiny import byte_tokenizer, thinker_config
+from omnialign.models.tiny import TINY_OMNI_TEXT, byte_tokenizer, thinker_config
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 layers = int(sys.argv[1])
 tok = byte_tokenizer()
-text = {
-    **QWEN3_OMNI_TEXT,
-    "num_hidden_layers": layers,
-    "pad_token_id": tok.pad_token_id,
-    "eos_token_id": tok.eos_token_id,
-}
-if dev == "cpu":
-    rope = {**QWEN3_OMNI_TEXT["rope_parameters"], "mrope_section": [4, 2, 2]}
-    text.update(vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=16, rope_parameters=rope)  # fmt: skip
+experts = {k: QWEN3_OMNI_TEXT[k] for k in ("num_experts", "num_experts_per_tok")}  # the released 128, 8 per token
+text = {**(TINY_OMNI_TEXT if dev == "cpu" else QWEN3_OMNI_TEXT), **experts, "num_hidden_layers": layers,
+        "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}  # fmt: skip
 torch.manual_seed(0)
 torch.set_default_dtype(torch.bfloat16)
 with torch.device(dev):
