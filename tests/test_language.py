@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextExperts
 
 from omnialign.algorithms.policy_gradient import ppo_clip
 from omnialign.cli import main as cli
@@ -146,7 +147,7 @@ def test_omni_generation_reads_every_expert_once_and_agrees_with_transformers(mo
     every other forward its own experts back."""
     policy = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"])))
     own = policy.transformer.get_experts_implementation()
-    experts = next(m for m in policy.language_model.modules() if hasattr(m, "gate_up_proj"))
+    experts = next(m for m in policy.language_model.modules() if isinstance(m, Qwen3OmniMoeThinkerTextExperts))
     seen = []
     hook = experts.register_forward_pre_hook(lambda module, args: seen.append(module.config._experts_implementation))
     ids = torch.tensor([policy.tokenizer("Hi there").input_ids] * 2)
