@@ -10,6 +10,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeVisionEncoder,
 )
 
+from omnialign.bench.decode import DECODERS
 from omnialign.bench.models import language_policy
 from omnialign.cli import main as cli
 from omnialign.data.language import read_records
@@ -96,7 +97,9 @@ def test_bench_decode_tiny_rows(tmp_path):
             summary = json.loads((tmp_path / "prof" / name / f"tokens_{tokens}" / "kernels.json").read_text())
             assert summary["device_ms"] > 0 and "matmul" in summary["kinds"], summary
         step = json.loads((tmp_path / "prof" / name / "step.json").read_text())
-        assert "matmul" in step["kinds_ms_per_step"] and step["wall_ms_per_step"] > 0, step
+        assert step["decoder"] == DECODERS[name], step
+        if step["wall_ms_per_step"] is not None:  # None where the timing noise of a tiny model swamps a step
+            assert "matmul" in step["kinds_ms_per_step"] and step["device_ms_per_step"] > 0, step
     rows = json.loads(out.read_text())["rows"]
     assert [r["decoder"] for r in rows] == ["transformers generate, dynamic cache",
                                             "omnialign static cache, eager step", "omnialign static cache, CUDA graph",

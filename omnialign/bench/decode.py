@@ -14,7 +14,8 @@ the mean context (prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (4.8 for an 
 `--profile DIR`: then each static decoder of the run (eager, graph, compiled) under the torch profiler
 (`bench.profile`) twice, for 2 tokens (the prefill, the capture and the first step; DIR/KEY/tokens_2) and for 18
 (DIR/KEY/tokens_18);
-their difference over 16 is one decode step's device time by kernel kind and its wall time (DIR/KEY/step.json),
+their difference over 16 is one decode step's device time by kernel kind and its wall time (DIR/KEY/step.json;
+null where the short run took longer, timing noise of a tiny model),
 free of the prefill, which dominates a whole call's profile.
 """
 
@@ -156,6 +157,10 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
         step = {"decoder": DECODERS[key], "device_ms_per_step": round(sum(per_step.values()), 4),
                 "wall_ms_per_step": round((summaries[1]["wall_ms"] - summaries[0]["wall_ms"]) / PROFILED, 4),
                 "kinds_ms_per_step": dict(sorted(per_step.items(), key=lambda kv: -kv[1]))}  # fmt: skip
+        if step["device_ms_per_step"] <= 0 or step["wall_ms_per_step"] <= 0:
+            # the short run took longer than the whole: a tiny model's kernels timed on a shared GPU or a busy CPU
+            # (an H200 beside another process once gave -3.3 ms); no figure rather than a negative one
+            step |= {"device_ms_per_step": None, "wall_ms_per_step": None, "kinds_ms_per_step": None}
         (profile / key / "step.json").write_text(json.dumps(step, indent=2))
         print(key, json.dumps(step), flush=True)
     return rows
