@@ -91,24 +91,13 @@ def test_edit_recipe_raises_gold_accuracy_and_keeps_the_place(recipe, tmp_path):
 
 
 # From the shipped video base (2026-12-02, fifth session: 0.444 of the 1280 validation frames read right, 0.126 no
-# digit), 60 steps on an H200 (BENCHMARKS.md, glyphs video task): MixGRPO +0.200 per frame, GRPO-Guard +0.259 and NFT
-# +0.409 passed every check at seed 0, MixGRPO (+0.187) and GRPO-Guard (+0.257) on the 2-core CPU too. MixGRPO (KL
-# 0.03), NFT (lr 1.5e-4) and GRPO-Guard (SDE window in the first five steps, lr 7e-5) pass on five of five H200 seeds
-# (2026-12-03 and -04), and so do FlowGRPO and online DPO judged on their moving average (`trainer.ema_decay=0.9`,
-# 2026-12-04; on the CPU at seed 0 both pass too); CPS and Flow-DPPO fall short on every seed, so their checks keep a
-# non-strict mark quoting their figures:
-SHORT_OF_VIDEO = {
-    "glyphs_video_cps": "+0.067 per frame in 60 steps, on the H200 and the CPU alike; +0.031 to +0.067 on five H200 "
-    "seeds",
-    "glyphs_video_dppo": "+0.081 per frame in 60 steps on the H200, +0.090 on the CPU; +0.036 to +0.138 on five H200 "
-    "seeds",
-}
-# online DPO, plain, fell short on diversity (0.748 of the base's on the CPU, 0.74 on the H200); with DPO-Positive's
-# penalty +0.296 per frame, +0.300 of clips, no digit 0.126 -> 0.078, diversity 0.817 of the base's (CPU, 2026-12-02),
-# +0.316, +0.313, 0.057 and 0.82 on the H200, and at seed 1 on the CPU +0.337, +0.335, 0.014 and 0.79
-VIDEO_RECIPES = [pytest.param(r, marks=pytest.mark.xfail(strict=False, reason=SHORT_OF_VIDEO[r])) if r in SHORT_OF_VIDEO
-                 else r for r in ("glyphs_video", "glyphs_video_cps", "glyphs_video_mixgrpo", "glyphs_video_grpo_guard",
-                                  "glyphs_video_dppo", "glyphs_video_nft", "glyphs_video_online_dpo")]  # fmt: skip
+# digit), 60 steps (BENCHMARKS.md, glyphs video task): every video recipe passes on five of five H200 seeds, MixGRPO
+# (KL 0.03), NFT (lr 1.5e-4) and GRPO-Guard (SDE window in the first five steps, lr 7e-5) since 2026-12-03, FlowGRPO
+# and online DPO judged on their moving average (`trainer.ema_decay=0.9`) since 2026-12-04, CPS and Flow-DPPO with
+# the window, KL 0.03, lr 1e-4 and the moving average since 2026-12-04 (all five CPU seeds too). Online DPO, plain,
+# fell short on diversity (0.748 of the base's on the CPU, 0.74 on the H200); DPO-Positive's penalty fixed it.
+VIDEO_RECIPES = ["glyphs_video", "glyphs_video_cps", "glyphs_video_mixgrpo", "glyphs_video_grpo_guard",
+                 "glyphs_video_dppo", "glyphs_video_nft", "glyphs_video_online_dpo"]  # fmt: skip
 
 
 @pytest.mark.slow
