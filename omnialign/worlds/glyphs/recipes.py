@@ -273,9 +273,11 @@ def _video(base: Config, name: str) -> Config:
 
 
 def _early_window(c: Config) -> Config:
-    """CPS and Flow-DPPO on video: FlowGRPO-video's SDE window in the first five of ten steps at a third of the image
-    recipes' KL, lr 1e-4 and validation on the moving average. 60 steps: CPS +0.167 to +0.258 per frame, Flow-DPPO
-    +0.252 to +0.313 on five H200 seeds, diversity >= 0.77 of the base's (without: +0.031 to +0.067 and +0.036 to
+    """FlowGRPO-video's settings, which CPS and Flow-DPPO on video take too: the four-step SDE window in the first five
+    of ten steps, where a clip's digit is decided (DanceGRPO's fix, flow_grpo's sde_window_range), a third of the
+    image recipes' reference KL, lr 1e-4, and validation (and export) on a moving average of the trained parameters,
+    flow_grpo's evaluation copy (training unchanged). CPS and Flow-DPPO: 60 steps, +0.167 to +0.258 and +0.252 to
+    +0.313 per frame on five H200 seeds, diversity >= 0.77 of the base's (without: +0.031 to +0.067 and +0.036 to
     +0.138); 300 steps: gold 0.722-0.834 and 0.856-0.938, none collapsed (BENCHMARKS.md, glyphs video task)."""
     c.rollout.window_end = 5
     c.algorithm.kl_coef = 0.03
@@ -286,20 +288,12 @@ def _early_window(c: Config) -> Config:
 
 def glyphs_video() -> Config:
     """FlowGRPO on the glyphs video task: a 4-frame clip shows the asked-for digit on every frame."""
-    c = _video(glyphs(), "glyphs_video")
-    # a third of the text-to-image recipe's reference KL: 60 CPU steps, seed 0: +0.205 gold per frame, no digit
-    # 0.126 -> 0.085 (KL 0.1: +0.136; KL 0: +0.168 with the reward 0.17 above the gold); seed 1 only +0.102
-    # (BENCHMARKS.md, video task)
-    c.algorithm.kl_coef = 0.03
-    # the four-step SDE window in the first five of ten steps, where a clip's digit is decided (DanceGRPO's fix,
-    # flow_grpo's sde_window_range): 60 steps, +0.233 to +0.346 per frame on five H200 seeds (diversity 0.748 of the
-    # base's at seed 2, the rest >= 0.75; without it 3 of 5 seeds passed); 300 steps: gold 0.716-0.922, none collapsed
-    c.rollout.window_end = 5
-    # validation (and export) on a moving average of the trained parameters, flow_grpo's evaluation copy; training is
-    # unchanged: 60 steps, +0.269 to +0.339 per frame on five H200 seeds, diversity 0.78-0.85 of the base's; 300
-    # steps: gold 0.853-0.934, none collapsed (BENCHMARKS.md, glyphs video task)
-    c.trainer.ema_decay = 0.9
-    return c
+    # KL 0.03: 60 CPU steps, seed 0: +0.205 gold per frame, no digit 0.126 -> 0.085 (KL 0.1: +0.136; KL 0: +0.168 with
+    # the reward 0.17 above the gold). The window: 60 steps, +0.233 to +0.346 per frame on five H200 seeds (diversity
+    # 0.748 of the base's at seed 2; without it 3 of 5 seeds passed). The moving average: +0.269 to +0.339 per frame
+    # on five H200 seeds, diversity 0.78-0.85 of the base's; 300 steps: gold 0.853-0.934, none collapsed
+    # (BENCHMARKS.md, glyphs video task)
+    return _early_window(_video(glyphs(), "glyphs_video"))
 
 
 def glyphs_video_cps() -> Config:
