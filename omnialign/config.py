@@ -316,6 +316,12 @@ class ActorConfig:
     """AdamW betas."""
     warmup_steps: int = 0
     """Linear learning-rate warmup, in optimizer steps."""
+    lr_milestones: list[int] = field(default_factory=list)
+    """Applied optimizer steps after which the learning rate is multiplied by `lr_gamma` (torch's MultiStepLR).
+    Counted in steps, not as a share of `trainer.total_steps`, so that a recipe's first steps train alike in a
+    60-step check and in a 300-step run."""
+    lr_gamma: float = 0.5
+    """Factor applied to the learning rate at each of `lr_milestones`."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
     skip_nonfinite: bool = False

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 from omnialign.batch import Trajectory
 from omnialign.cli import main as cli
 from omnialign.config import apply_overrides, validate
-from omnialign.engine import checkpoint
+from omnialign.engine import checkpoint, optim
 from omnialign.engine.dist import World
 from omnialign.engine.optim import NonFiniteUpdate
 from omnialign.metrics import read_metrics, without_timing
@@ -115,6 +115,21 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert latest.name == "step_000001"
     assert checkpoint.load(latest, model, opt, sched, world)["step"] == 1
     assert torch.equal(model.weight, saved)
+
+
+def test_learning_rate_drops_by_gamma_at_each_milestone_of_applied_updates():
+    """lr 1e-4, milestones [100, 200], gamma 0.5: the first 100 applied updates at 1e-4 exactly, the next 100 at
+    5e-5, then 2.5e-5; an update with a zero gradient is not applied and does not count."""
+    weight = torch.nn.Parameter(torch.ones(2))
+    config = dataclasses.replace(RECIPES["debug"]().actor, lr=1e-4, lr_milestones=[200, 100], lr_gamma=0.5)
+    opt, sched = optim.build([weight], config)
+    used = []
+    for n in range(251):
+        used.append(opt.param_groups[0]["lr"])
+        weight.grad = torch.zeros(2) if n == 10 else torch.ones(2)
+        optim.step(opt, sched, [weight], 1.0)
+    assert used[:101] == [1e-4] * 101  # 100 applied updates, the one at n=10 skipped
+    assert used[101:201] == [5e-5] * 100 and used[201:] == [2.5e-5] * 50
 
 
 def test_non_finite_update_stops_or_is_skipped_and_counted():

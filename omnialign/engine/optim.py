@@ -1,5 +1,7 @@
 """Optimizer, learning-rate schedule, and the guarded optimizer step."""
 
+import bisect
+
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -9,12 +11,15 @@ from omnialign.config import ActorConfig
 def build(
     params: list[torch.nn.Parameter], config: ActorConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """AdamW over the trainable parameters and a linear warmup to a constant rate."""
+    """AdamW over the trainable parameters; the rate warms up linearly, then stays, times `lr_gamma` from each of
+    `lr_milestones` applied updates on."""
     if not params:
         raise ValueError("no trainable parameters: check model.lora or the frozen modules")
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
-    warmup = max(config.warmup_steps, 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    warmup, milestones, gamma = max(config.warmup_steps, 1), sorted(config.lr_milestones), config.lr_gamma
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) * gamma ** bisect.bisect_right(milestones, step)
+    )
     return optimizer, scheduler
 
 
