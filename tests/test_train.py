@@ -127,7 +127,7 @@ def test_learning_rate_drops_by_gamma_at_each_milestone_of_applied_updates():
     for n in range(251):
         used.append(opt.param_groups[0]["lr"])
         weight.grad = torch.zeros(2) if n == 10 else torch.ones(2)
-        optim.step(opt, sched, [weight], 1.0)
+        optim.step(opt, sched, [weight], torch.zeros(()), 1.0)
     assert used[:101] == [1e-4] * 101  # 100 applied updates, the one at n=10 skipped
     assert used[101:201] == [5e-5] * 100 and used[201:] == [2.5e-5] * 50
 
@@ -152,6 +152,29 @@ def test_non_finite_update_stops_or_is_skipped_and_counted():
     out = actor.update(objective, batch, params, opt, sched, dataclasses.replace(config, skip_nonfinite=True), seed=0)
     assert out.metrics["skipped_updates"].item() == out.metrics["updates"].item() == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, params))
+
+
+def test_a_finite_loss_with_a_non_finite_gradient_is_blamed_on_the_backward():
+    """pytorch/pytorch#196678 (cuDNN's masked attention backward): the loss is finite and the gradient is not; the
+    error names the backward and the switch, and the weights stay."""
+
+    class NanBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * float("nan")
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    opt, sched = optim.build([weight], RECIPES["debug"]().actor)
+    loss = NanBackward.apply(weight).sum()
+    loss.backward()
+    with pytest.raises(NonFiniteUpdate, match="loss is 2.0 and the gradient norm nan: the loss is finite, so the "
+                       "backward pass made it.*engine.cudnn_attention=false"):  # fmt: skip
+        optim.step(opt, sched, [weight], loss, 1.0)
+    assert torch.equal(weight.detach(), torch.ones(2)) and weight.grad is None
 
 
 def test_cli_lists_recipes(capsys):

@@ -31,11 +31,11 @@ def step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     params: list[torch.nn.Parameter],
+    loss: torch.Tensor,
     max_grad_norm: float,
     skip_nonfinite: bool = False,
-    loss: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip, then step only if the gradient norm and the update's `loss` (0-d, optional) are finite; always zero
+    """Clip, then step only if the gradient norm and the update's `loss` (0-d) are finite; always zero
     the gradients. A non-finite one raises `NonFiniteUpdate` unless `skip_nonfinite`. A gradient of exactly 0 (a
     mini-batch with nothing to learn, such as online DPO's where every pair is tied) takes no step either, so that
     AdamW's momentum and weight decay do not move the weights on no evidence.
@@ -45,14 +45,20 @@ def step(
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     if isinstance(grad_norm, DTensor):  # sharded parameters give a replicated global norm
         grad_norm = grad_norm.full_tensor()
-    loss = grad_norm.new_zeros(()) if loss is None else loss.detach().float().reshape(()).to(grad_norm.device)
+    loss = loss.detach().float().reshape(()).to(grad_norm.device)
     finite, empty = torch.stack([torch.isfinite(grad_norm) & torch.isfinite(loss), grad_norm == 0]).tolist()
     if not finite and not skip_nonfinite:
         optimizer.zero_grad(set_to_none=True)
+        cause = (
+            "the loss is finite, so the backward pass made it (PyTorch reports NaN gradients from cuDNN's masked "
+            "attention backward on H100/H200, pytorch/pytorch#196678: try engine.cudnn_attention=false)"
+            if torch.isfinite(loss)
+            else "a loss or a reward is NaN or infinite"
+        )
         raise NonFiniteUpdate(
-            f"the loss is {float(loss)} and the gradient norm {float(grad_norm)}: a loss or a reward is NaN or "
-            "infinite. The update was not applied and the last checkpoint is intact; look at the step's rewards "
-            "and losses, or set actor.skip_nonfinite=true to skip such updates and go on"
+            f"the loss is {float(loss)} and the gradient norm {float(grad_norm)}: {cause}. The update was not "
+            "applied and the last checkpoint is intact; look at the step's rewards and losses, or set "
+            "actor.skip_nonfinite=true to skip such updates and go on"
         )
     if finite and not empty:
         optimizer.step()

@@ -214,8 +214,8 @@ def update(
         for lo in range(0, size, mini):
             _run(objective, batch, micro, device, order[lo : lo + mini], config.timestep_staging,
                  config.prefetch, step_fn, keep if return_model_output else lambda index: None)  # fmt: skip
-            grad_norm, was_skipped = optim.step(optimizer, scheduler, params, config.max_grad_norm,
-                                                config.skip_nonfinite, mini_loss)  # fmt: skip
+            grad_norm, was_skipped = optim.step(optimizer, scheduler, params, mini_loss, config.max_grad_norm,
+                                                config.skip_nonfinite)  # fmt: skip
             mini_loss = torch.zeros(())
             means.add("grad_norm", grad_norm)
             skipped, updates = skipped + was_skipped, updates + 1
