@@ -283,13 +283,16 @@ def parser() -> argparse.ArgumentParser:
         "--rl-negatives", help="uint8 images (N, 1, 32, 32) a person judged not digits (stage rl_negatives)"
     )
     pr.add_argument("--rl-negative-steps", type=int)
+    pr.add_argument("--person-labels", help="RL samples a person labelled by eye (stage person; PretrainConfig)")
+    pr.add_argument("--person-steps", type=int)
     pr.add_argument("--noisy-ema", type=float)
     pr.add_argument("--noisy-lr", type=float)
     pr.add_argument("--noisy-batch", type=int)
     pr.add_argument(
         "--stages",
         nargs="+",
-        help="stages to run (gold recognizer teacher base fooling rl_negatives edit; default all)",
+        help="stages to run (gold recognizer teacher base fooling rl_negatives person edit video_teacher video; "
+        "default all)",
     )
     pr.add_argument("--snapshots", help="also save the EMA generator at every evaluation under this folder")
     pr.add_argument("--fool-recipes", nargs="+", help="recipes whose RL runs look for samples that fool the reward")

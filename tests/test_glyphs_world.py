@@ -121,6 +121,26 @@ def test_shipped_gold_judge_against_a_persons_reading():
         assert low <= sum(right[part]) / 80 <= high, (run, low, sum(right[part]) / 80, high)
 
 
+def test_shipped_person_judge_accepts_no_unreadable_image_of_three_labelled_sets():
+    """Issue 29, item 3: `val/gold/person` (the gold judge fine-tuned on 640 RL samples a person labelled, read at
+    probability 0.9) on the three labelled sets it was not trained on (960 step-300 samples of twelve runs): under 2%
+    of the images a person would not read as the prompted digit (none of 165 on 2026-12-04), at least 97% of clean
+    renders (98.5%), and still most readable images (at least 60% of each set's; 65-81%)."""
+    folders = [Path(__file__).parents[1] / "benchmarks" / "glyphs" / name
+               for name in ("judged", "judged_84a7a35", "judged_24")]  # fmt: skip
+    for folder in folders:
+        marks, person = [], []
+        for name, labels in json.loads((folder / "labels.json").read_text()).items():
+            saved = torch.load(folder / f"{name}.pt")
+            person += [i["person"] for i in glyph_gold(saved["images"].float() / 255, saved["prompts"]).info]
+            marks += ["no" if i in labels["no"] else "unsure" if i in labels["unsure"] else "yes" for i in range(80)]
+        rate = {m: sum(r for r, k in zip(person, marks) if k == m) / marks.count(m) for m in ("yes", "no")}
+        assert rate["no"] < 0.02 and rate["yes"] >= 0.6, (folder.name, rate)
+    texts = PROMPT_SETS["digits"] * 30
+    verdict = glyph_gold((render(texts, seed=4242) + 1) / 2, texts)
+    assert sum(i["person"] for i in verdict.info) / len(texts) >= 0.97
+
+
 def test_shipped_recognizer_reads_renders_and_rejects_negatives():
     """Blobs, ovals with dots, textures and superposed digits score near 0 for every digit."""
     texts = PROMPT_SETS["digits"] * 5 + PROMPT_SETS["pairs"][::10]
@@ -155,16 +175,20 @@ def test_shipped_base_model_is_legible_and_imperfect_by_design():
 
 def test_prepare_glyphs_stages_write_loadable_models(tmp_path):
     """A few steps of each model stage (the full run is documented in pretrain.py): everything loads back."""
-    stages = ["gold", "recognizer", "teacher", "base"]
+    stages = ["gold", "recognizer", "teacher", "base", "person"]
     config = PretrainConfig(out=str(tmp_path), device="cpu", gold_steps=2, recognizer_steps=2, clean_steps=2,
-                            noisy_steps=2, noisy_batch=16, eval_every=2, eval_count=50, stages=stages)  # fmt: skip
+                            noisy_steps=2, noisy_batch=16, eval_every=2, eval_count=50, person_steps=2,
+                            stages=stages)  # fmt: skip
     report = prepare_glyphs(config)
-    assert set(report["seconds"]) >= {"gold (cpu)", "recognizer (cpu)", "teacher (cpu)", "base (cpu)", "total"}
+    assert set(report["seconds"]) >= {f"{stage} (cpu)" for stage in stages} | {"total"}
+    assert (tmp_path / "gold" / "person_labels.pt").exists() and 0 <= report["person"]["accuracy/renders"] <= 1
     assert report["base"][-1]["step"] == 2 and 0 <= report["base"][-1]["not_a_digit"] <= 1
     policy = glyphs.load(ModelConfig(path=str(tmp_path)))
     assert policy.encode_prompts(["3"])["hidden"].shape[0] == 1
     teacher = glyphs.load(ModelConfig(path=str(tmp_path / "teacher")))
     torch.testing.assert_close(teacher.encode_prompts(["3"])["hidden"], policy.encode_prompts(["3"])["hidden"])
-    assert sum(glyph_gold(torch.zeros(1, 1, SIZE, SIZE), ["3"], path=str(tmp_path / "gold"))) in (0.0, 1.0)
+    verdict = glyph_gold(torch.zeros(1, 1, SIZE, SIZE), ["3"], path=str(tmp_path / "gold"),
+                         person_path=str(tmp_path / "gold_person"))  # fmt: skip
+    assert sum(verdict) in (0.0, 1.0) and verdict.info[0]["person"] in (0.0, 1.0)
     with pytest.raises(ValueError, match="unknown"):
         prepare_glyphs(PretrainConfig(out=str(tmp_path), stages=["nothing"]))

@@ -28,8 +28,11 @@ first three stages would take about 5 hours; the shipped gold judge was then fin
 5. RL negatives: images from RL runs that fooled both the reward and the gold judge, which a person
    judged not to be digits (`rl_negatives`, shipped as `gold/rl_negatives.pt`), fine-tune both models
    as negatives.
+6. The person judge (`gold_person/`, `val/gold/person`): a copy of the gold judge fine-tuned to read as a person
+   does, on 640 RL samples labelled by eye (`gold/person_labels.pt`; readable as their digit, unreadable as no
+   digit) beside stage gold's batches and lightly augmented renders (300 steps, 13 min on a 2-core CPU).
 
-6. Stage `edit` makes the edit model (`assets/edit/`). Stages `video_teacher` and `video` make the video model in the
+7. Stage `edit` makes the edit model (`assets/edit/`). Stages `video_teacher` and `video` make the video model in the
    generator's two phases: a tiny `WanTransformer3DModel` from scratch on clean clips (`assets/video_teacher/`;
    `--video-init FOLDER` continues a saved one instead), then with a share of its prompts replaced
    (`assets/video/`, what ships as the video base), on the GPU in minutes.
@@ -78,7 +81,18 @@ from omnialign.worlds.glyphs.recognizer import Recognizer
 from omnialign.worlds.glyphs.video import GlyphsVideoPolicy, glyph_video, glyph_video_gold, video_transformer
 from omnialign.worlds.glyphs.video import load as load_video
 
-STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives", "edit", "video_teacher", "video")
+STAGES = (
+    "gold",
+    "recognizer",
+    "teacher",
+    "base",
+    "fooling",
+    "rl_negatives",
+    "person",
+    "edit",
+    "video_teacher",
+    "video",
+)
 
 
 @dataclass
@@ -137,6 +151,11 @@ class PretrainConfig:
     also trains with them as negatives when the file exists."""
     rl_negative_steps: int = 120
     """Fine-tuning steps of the gold judge and of the recognizer in stage rl_negatives."""
+    person_labels: str = str(ASSETS / "gold" / "person_labels.pt")
+    """Stage person: RL samples a person labelled by eye, {"images": uint8 (N, 1, SIZE, SIZE), "prompts": the
+    prompted digits, "marks": "yes" (readable as the prompted digit), "no" (unreadable) or "unsure"}."""
+    person_steps: int = 300
+    """Stage person: fine-tuning steps of the person judge, a copy of the gold judge (`gold_person/`)."""
     edit_steps: int = 1500
     """Stage edit: steps of the edit model, from the base with a zero-initialised source channel (batch 256)."""
     edit_copy: float = 0.5
@@ -232,6 +251,36 @@ def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: 
         return F.cross_entropy(model(x), y, label_smoothing=0.05)
 
     return fit(model, loss, steps, lr, "gold judge")
+
+
+def train_person_judge(config: PretrainConfig, device: torch.device, gold: Path) -> GoldJudge:
+    """Fine-tune the gold judge saved in `gold` to a person's reading: each step, stage gold's batch (with the RL
+    negatives), 48 of `config.person_labels` (readable ones as their digit, unreadable ones as not a digit, a third
+    of them unreadable; unsure ones left out) and 48 renders, both lightly augmented (strength 0.3), so that the
+    renderer's own bold 5s, 6s and 9s stay confident where the labels teach closed loops to be no digit."""
+    g = torch.Generator().manual_seed(config.seed + 123)
+    torch.manual_seed(config.seed + 123)
+    digits = bank(PROMPT_SETS["digits"])[0].to(device)
+    pool = negative_pool(50_000, config.seed + 12, device)
+    hard = stored_images(config.rl_negatives).to(device)
+    model = GoldJudge.from_pretrained(gold).to(device).train()
+    labels = torch.load(config.person_labels)
+    keep = torch.tensor([m != "unsure" for m in labels["marks"]])
+    no = torch.tensor([m == "no" for m in labels["marks"]])[keep]
+    images = (labels["images"][keep].float() / 255 * 2 - 1).to(device)
+    target = torch.tensor([CHARSET.index(p) for p in labels["prompts"]])[keep].masked_fill(no, NOT_A_DIGIT)
+    weight = torch.where(no, 1 / no.sum(), 2 / (~no).sum())
+
+    def loss() -> torch.Tensor:
+        x, y = gold_batch(digits, pool, hard, g)
+        pick = torch.multinomial(weight, 48, replacement=True, generator=g)
+        labelled = augment(images[pick], g, 0.3)
+        index = torch.randint(0, len(digits), (48,), generator=g).to(device)
+        x = torch.cat([x, labelled, augment(digits[index], g, 0.3)])
+        y = torch.cat([y, target[pick].to(device), index // (len(digits) // len(CHARSET))])
+        return F.cross_entropy(model(x), y, label_smoothing=0.05)
+
+    return fit(model, loss, config.person_steps, 5e-4, "person judge")
 
 
 def fit(model: torch.nn.Module, loss: Callable[[], torch.Tensor], steps: int, lr: float, desc: str) -> torch.nn.Module:
@@ -708,6 +757,14 @@ def prepare_glyphs(config: PretrainConfig) -> dict:
         if Path(config.rl_negatives).resolve() != (out / "gold" / "rl_negatives.pt").resolve():
             shutil.copy(config.rl_negatives, out / "gold" / "rl_negatives.pt")
         lap(f"rl_negatives ({device.type})")
+    if "person" in config.stages:
+        person = train_person_judge(config, device, out / "gold")
+        report["person"] = gold_quality(person, config.seed, device, config.eval_count)
+        print("person judge:", json.dumps(report["person"]))
+        person.save_pretrained(out / "gold_person")
+        if Path(config.person_labels).resolve() != (out / "gold" / "person_labels.pt").resolve():
+            shutil.copy(config.person_labels, out / "gold" / "person_labels.pt")
+        lap(f"person ({device.type})")
     if "edit" in config.stages:
         base = load(ModelConfig(path=str(out))).to(device)
         edit, report["edit"] = train_edit(config, base, out, device)

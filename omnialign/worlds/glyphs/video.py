@@ -109,9 +109,9 @@ def glyph_video_gold(
     videos: torch.Tensor, prompts: list[str], metadata: list[dict], path: str | None = None
 ) -> list[float]:
     """`Scores`: the share of frames the gold judge reads as the prompt's digit. info: `reads` (one character per frame,
-    "-" for no digit), `not_a_digit` and `strict` (shares of frames, as `glyph_gold`), `clip` (1.0 when every frame
-    is read right) and `steady` (1.0 when every frame is read as one and the same digit, right or not: a clip that
-    flickers between digits is 0)."""
+    "-" for no digit), `not_a_digit`, `strict` and `person` (shares of frames, as `glyph_gold`), `clip` (1.0 when every
+    frame is read right) and `steady` (1.0 when every frame is read as one and the same digit, right or not: a clip
+    that flickers between digits is 0)."""
     from omnialign.rewards.base import Scores
 
     frames, digits = _frames(videos, prompts, "glyph_video_gold")
@@ -121,6 +121,7 @@ def glyph_video_gold(
     reads = ["".join(i["reads"] for i in gold.info[k * f : (k + 1) * f]) for k in range(len(prompts))]
     info = [{"reads": reads[k], "not_a_digit": sum(i["not_a_digit"] for i in gold.info[k * f : (k + 1) * f]) / f,
              "strict": sum(i["strict"] for i in gold.info[k * f : (k + 1) * f]) / f,
+             "person": sum(i["person"] for i in gold.info[k * f : (k + 1) * f]) / f,
              "clip": float(right[k].all()), "steady": float(len(set(reads[k])) == 1 and reads[k][0] in CHARSET)}
             for k in range(len(prompts))]  # fmt: skip
     return Scores(right.mean(1).tolist(), info)
