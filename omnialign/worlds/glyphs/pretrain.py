@@ -30,7 +30,7 @@ first three stages would take about 5 hours; the shipped gold judge was then fin
    as negatives.
 6. The person judge (`gold_person/`, `val/gold/person`): a copy of the gold judge fine-tuned to read as a person
    does, on 640 RL samples labelled by eye (`gold/person_labels.pt`; readable as their digit, unreadable as no
-   digit) beside stage gold's batches and lightly augmented renders (300 steps, 13 min on a 2-core CPU).
+   digit) beside stage gold's batches and lightly augmented renders (300 steps, 645 s on a 2-core CPU).
 
 7. Stage `edit` makes the edit model (`assets/edit/`). Stages `video_teacher` and `video` make the video model in the
    generator's two phases: a tiny `WanTransformer3DModel` from scratch on clean clips (`assets/video_teacher/`;
