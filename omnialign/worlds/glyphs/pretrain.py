@@ -81,18 +81,8 @@ from omnialign.worlds.glyphs.recognizer import Recognizer
 from omnialign.worlds.glyphs.video import GlyphsVideoPolicy, glyph_video, glyph_video_gold, video_transformer
 from omnialign.worlds.glyphs.video import load as load_video
 
-STAGES = (
-    "gold",
-    "recognizer",
-    "teacher",
-    "base",
-    "fooling",
-    "rl_negatives",
-    "person",
-    "edit",
-    "video_teacher",
-    "video",
-)
+STAGES = ("gold", "recognizer", "teacher", "base", "fooling", "rl_negatives", "person", "edit", "video_teacher",
+          "video")  # fmt: skip
 
 
 @dataclass
