@@ -95,6 +95,19 @@ def test_shipped_gold_judge_reads_renders_and_rejects_negatives():
         glyph_gold(images[:1], ["12"])
 
 
+def judged(folder: Path) -> tuple[list[str], list[float], list[dict]]:
+    """glyph_gold on a person-labelled folder of benchmarks/glyphs: each image's mark ("yes" readable, "no"
+    unreadable, "unsure"), the gold judge's scores and their info, in the labels' order."""
+    marks, right, info = [], [], []
+    for name, labels in json.loads((folder / "labels.json").read_text()).items():
+        saved = torch.load(folder / f"{name}.pt")
+        verdict = glyph_gold(saved["images"].float() / 255, saved["prompts"])
+        right += verdict
+        info += verdict.info
+        marks += ["no" if i in labels["no"] else "unsure" if i in labels["unsure"] else "yes" for i in range(80)]
+    return marks, right, info
+
+
 def test_shipped_gold_judge_against_a_persons_reading():
     """Issue 29: on 320 step-300 RL samples that a person labelled (benchmarks/glyphs/judged: readable as the
     prompted digit, unreadable, unsure), the gold judge with its confidence floor (MIN_PROB) accepts at most a
@@ -102,14 +115,8 @@ def test_shipped_gold_judge_against_a_persons_reading():
     and each run's gold accuracy lies within what the person read (readable, up to readable or unsure). Its `strict`
     verdict (the shape check too) accepts at most 6 unreadable ones (5 on 2026-12-02, the network alone 10) and at
     least 90% of the readable ones (93.6%)."""
-    judged = Path(__file__).parents[1] / "benchmarks" / "glyphs" / "judged"
-    marks, right, strict = [], [], []
-    for name, labels in json.loads((judged / "labels.json").read_text()).items():
-        saved = torch.load(judged / f"{name}.pt")
-        verdict = glyph_gold(saved["images"].float() / 255, saved["prompts"])
-        right += verdict
-        strict += [i["strict"] for i in verdict.info]
-        marks += ["no" if i in labels["no"] else "unsure" if i in labels["unsure"] else "yes" for i in range(80)]
+    marks, right, info = judged(Path(__file__).parents[1] / "benchmarks" / "glyphs" / "judged")
+    strict = [i["strict"] for i in info]
     assert marks.count("no") == 52 and marks.count("yes") == 219
     rate = {m: sum(r for r, k in zip(right, marks) if k == m) / marks.count(m) for m in ("yes", "no")}
     assert rate["no"] <= 0.25 and rate["yes"] >= 0.93, rate
@@ -129,11 +136,8 @@ def test_shipped_person_judge_accepts_no_unreadable_image_of_three_labelled_sets
     folders = [Path(__file__).parents[1] / "benchmarks" / "glyphs" / name
                for name in ("judged", "judged_84a7a35", "judged_24")]  # fmt: skip
     for folder in folders:
-        marks, person = [], []
-        for name, labels in json.loads((folder / "labels.json").read_text()).items():
-            saved = torch.load(folder / f"{name}.pt")
-            person += [i["person"] for i in glyph_gold(saved["images"].float() / 255, saved["prompts"]).info]
-            marks += ["no" if i in labels["no"] else "unsure" if i in labels["unsure"] else "yes" for i in range(80)]
+        marks, _, info = judged(folder)
+        person = [i["person"] for i in info]
         rate = {m: sum(r for r, k in zip(person, marks) if k == m) / marks.count(m) for m in ("yes", "no")}
         assert rate["no"] < 0.02 and rate["yes"] >= 0.6, (folder.name, rate)
     texts = PROMPT_SETS["digits"] * 30

@@ -99,9 +99,9 @@ def glyph_gold(
     if bad:
         raise ValueError(f"glyph_gold reads one digit per image; prompts {bad[:3]} are not single digits "
                          "(validate on data.val_prompts=digits, or set reward.gold=null)")  # fmt: skip
-    judge = load_gold(path or str(ASSETS / "gold"), images.device)
-    prob, best = judge(images.float() * 2 - 1).softmax(-1).max(-1)
-    person = load_gold(person_path or str(ASSETS / "gold_person"), images.device)(images.float() * 2 - 1).softmax(-1)
+    x = images.float() * 2 - 1
+    prob, best = load_gold(path or str(ASSETS / "gold"), images.device)(x).softmax(-1).max(-1)
+    person = load_gold(person_path or str(ASSETS / "gold_person"), images.device)(x).softmax(-1)
     digits = torch.tensor([CHARSET.index(p) for p in prompts], device=images.device)
     certain = (person.gather(1, digits[:, None])[:, 0] >= PERSON_MIN_PROB).tolist()  # above 0.5: its reading
     reads = [
