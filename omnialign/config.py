@@ -363,6 +363,11 @@ class EngineConfig:
     it off: at FLUX.1's shapes the cuDNN backward fails on an H200 with torch 2.11 (an illegal memory access;
     "mha_graph.execute(...).is_good()" under CUDA_LAUNCH_BLOCKING=1), while the flash kernel SDPA then picks
     trains (BENCHMARKS.md). Qwen-Image's masked attention is faster with cuDNN."""
+    fp8: bool = False
+    """LoRA runs: store the frozen linear layers of the network's blocks in float8 e4m3 (a scale per output channel)
+    and run their matmuls in FP8 (`torch._scaled_mm`, the input scaled per row) in rollout and training alike, so the
+    replayed log-probs stay the rollout's (engine/fp8.py). The base model is then trained as rounded to float8, its
+    frozen weights take half the memory, and the matmuls run at FP8 speed on GPUs that have it (Hopper, Ada, later)."""
     sequence_parallel: int = 1
     """Split each sample's tokens over groups of this many consecutive processes (Ulysses attention,
     engine/sequence.py; docs/engine.md): for videos whose activations outgrow one device. The processes of a group
@@ -681,6 +686,10 @@ def validate(config: Config) -> Config:
          f"engine.checkpoint_every={config.engine.checkpoint_every} must be at least 1 (1: every block recomputes)"),
         (config.engine.sequence_parallel >= 1,
          f"engine.sequence_parallel={config.engine.sequence_parallel} must be at least 1 (1: no split)"),
+        (not config.engine.fp8 or (config.model.lora.rank > 0 and config.algorithm.name not in LANGUAGE_ALGORITHMS),
+         f"engine.fp8=true rounds the frozen base weights of a diffusion LoRA run to float8; model.lora.rank="
+         f"{config.model.lora.rank}, algorithm.name={config.algorithm.name}: set a LoRA rank (full fine-tuning trains "
+         "those weights) and a diffusion algorithm, or engine.fp8=false"),
         (config.engine.sequence_parallel == 1 or config.algorithm.name not in (*LANGUAGE_ALGORITHMS, "diffusion_dpo"),
          f"engine.sequence_parallel={config.engine.sequence_parallel}: only the online diffusion trainer splits "
          f"sequences, not algorithm.name={config.algorithm.name}; set engine.sequence_parallel=1"),

@@ -1,8 +1,8 @@
 """Build the policy a diffusion trainer trains: load, LoRA, reference/old/teacher contexts, shard.
 
 Order matters: load on the host, add LoRA, make the frozen copies (and take the policy's frozen `transformer_2`),
-split their tokens (engine.sequence_parallel), shard (which places the networks on the device), then move the frozen
-encoders and decoder.
+round the frozen linear layers to float8 (engine.fp8), split their tokens (engine.sequence_parallel), shard (which
+places the networks on the device), then move the frozen encoders and decoder.
 """
 
 import copy
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from omnialign.config import Config
-from omnialign.engine import dist, fsdp, sequence
+from omnialign.engine import dist, fp8, fsdp, sequence
 from omnialign.models import LOADERS, lora
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context, Reference, swapped_network
@@ -82,6 +82,8 @@ def build_policy(
     if policy.transformer_2 is not None:  # Wan 2.2's low-noise expert: split and sharded like the reference copy
         shard_frozen(policy.transformer_2, net, blocks, config, world)
     e = config.engine
+    if e.fp8:
+        fp8.float8_frozen_linears(blocks, world.device)
     split_sequence(net, config, world)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
                e.cpu_offload, e.reshard_after_forward, e.compile, e.cudnn_attention, e.checkpoint_every)  # fmt: skip

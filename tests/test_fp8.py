@@ -1,0 +1,125 @@
+"""engine.fp8: frozen linear layers in float8 (engine/fp8.py), checked against the products of the rounded operands
+computed by hand, and a tiny Qwen-Image LoRA run trained with them."""
+
+import pytest
+import torch
+from torch import nn
+
+from omnialign.config import ConfigError, apply_overrides, validate
+from omnialign.engine.fp8 import Float8Linear, float8_frozen_linears, to_float8
+from omnialign.recipes import RECIPES
+
+
+def test_each_row_is_scaled_so_that_its_largest_magnitude_is_448():
+    x8, scale = to_float8(torch.tensor([[0.5, -1.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0], [3.0, 0.1, 0.0, 0.0]]))
+    torch.testing.assert_close(scale, torch.tensor([[2 / 448], [1.0], [3 / 448]]))
+    assert x8.dtype == torch.float8_e4m3fn
+    assert x8[0].float().tolist() == [112.0, -224.0, 448.0, 0.0]  # exact: 0.5 * 224, 1 * 224, 2 * 224
+    assert x8[1].float().tolist() == [0.0] * 4
+    # 0.1 * 448 / 3 = 14.93 rounds to 15 (e4m3 has 3 mantissa bits: 14, 15, 16 are its neighbours there)
+    assert x8[2].float().tolist() == [448.0, 15.0, 0.0, 0.0]
+
+
+def dequantized(x: torch.Tensor) -> torch.Tensor:
+    """x as its float8 rounding represents it, in float64: the rounded rows times their scales."""
+    x8, scale = to_float8(x)
+    return x8.double() * scale.double()
+
+
+def test_a_float8_layer_computes_the_product_of_the_rounded_input_and_weight_and_its_input_gradient():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the GPU tier's phase 1 runs it on CUDA
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48).requires_grad_(False).to(device)
+    layer = Float8Linear(linear)
+    x = torch.randn(2, 5, 64, device=device, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (2, 5, 48) and y.dtype == torch.float32
+    by_hand = dequantized(x.detach().reshape(10, 64)) @ dequantized(linear.weight).T + linear.bias.double()
+    # the product is rounded once to bf16 (8 significant bits) before the bias is added
+    torch.testing.assert_close(y.detach().reshape(10, 48).double(), by_hand, rtol=2**-8, atol=2**-8)
+    exact = linear(x.detach())
+    error = (y.detach() - exact).norm() / exact.norm()
+    assert 0 < error < 0.05  # float8 rounding of both operands: a few percent, not nothing
+    grad = torch.randn(2, 5, 48, device=device)
+    y.backward(grad)
+    # straight through the input's rounding; the gradient arrives in the product's bf16 (8 significant bits)
+    expected = grad.reshape(10, 48).double() @ dequantized(linear.weight)
+    assert (x.grad.reshape(10, 64).double() - expected).norm() / expected.norm() < 2**-8
+    assert not any(p.requires_grad for p in layer.parameters())
+
+
+def test_only_frozen_layers_whose_sizes_are_multiples_of_16_are_replaced():
+    block = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 32), nn.Sequential(nn.Linear(32, 24), nn.Linear(24, 40)))
+    block.requires_grad_(False)
+    block[1].requires_grad_(True)  # a trained layer keeps its weights
+    assert float8_frozen_linears([block]) == 1 + 0 + 0
+    assert [type(m).__name__ for m in (block[0], block[1], block[2][0], block[2][1])] == [
+        "Float8Linear", "Linear", "Linear", "Linear"
+    ]  # fmt: skip
+    assert not any("weight8" in k for k in block.state_dict())  # the float8 copies stay out of every checkpoint
+
+
+def test_fp8_needs_a_lora_run():
+    with pytest.raises(ConfigError, match="engine.fp8=true.*model.lora.rank=0"):
+        validate(apply_overrides(RECIPES["qwen_image_ocr_flowgrpo_full"](), ["engine.fp8=true"]))
+
+
+def tiny_qwen_image_config(tmp_path, *overrides: str):
+    """Two steps of FlowGRPO LoRA on the tiny Qwen-Image in bf16, scored by JPEG size."""
+    from omnialign.data.ocr import prepare_ocr
+    from omnialign.models import tiny
+
+    (tmp_path / "ocr").mkdir()
+    (tmp_path / "ocr" / "train.txt").write_text('A sign that says "OPEN"\nA mug printed with "42"\n')
+    (tmp_path / "ocr" / "test.txt").write_text('A poster reading "HELLO"\n')
+    prepare_ocr(tmp_path / "ocr", tmp_path / "data")
+    model = tiny.qwen_image(tmp_path / "model")
+    small = [f"model.path={model}", "model.dtype=bfloat16", f"data.prompts={tmp_path / 'data' / 'train.parquet'}",
+             f"data.val_prompts={tmp_path / 'data' / 'test.parquet'}", "data.prompts_per_step=2", "rollout.n=2",
+             "rollout.height=32", "rollout.width=32", "rollout.steps=4", "rollout.val_steps=4",
+             "rollout.micro_batch_size=4", "actor.micro_batch_size=4", "actor.mini_batch_size=none",
+             "model.lora.rank=4", "model.lora.alpha=8", "engine.activation_checkpointing=false", "engine.compile=false",
+             "trainer.total_steps=2", "trainer.val_every=2", "trainer.save_every=2", "trainer.progress=false",
+             "rollout.window_end=3", 'reward.weights={"jpeg_compressibility": 1}', *overrides]  # fmt: skip
+    return validate(apply_overrides(RECIPES["qwen_image_ocr_flowgrpo_lora"](), small))
+
+
+def train_and_check_replay(config, out) -> list[str]:
+    """Train `config` into `out`; check each update's first ratio is exactly 1 and its KL estimate 0 (the replayed
+    log-probs are the rollout's) and that the adapters got a gradient; the names of the checkpoint's tensors."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from omnialign.metrics import read_metrics
+    from omnialign.train import main
+
+    main(apply_overrides(config, [f"trainer.output_dir={out}"]))
+    records = read_metrics(out / config.name / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert r["actor/ratio"] == 1.0 and r["actor/approx_kl"] == 0.0 and r["actor/grad_norm"] > 0
+    return sorted(
+        FileSystemReader(out / config.name / "checkpoints" / "step_000002").read_metadata().state_dict_metadata
+    )
+
+
+def test_a_lora_run_with_fp8_trains_its_adapters_and_replays_its_rollout_exactly(tmp_path):
+    """The frozen block linears in float8, under LoRA adapters too: the rollout replays exactly, the adapters train,
+    and the checkpoint holds the same tensors as a run without fp8."""
+    from omnialign.engine import dist
+    from omnialign.trainer.build import build_policy
+
+    config = tiny_qwen_image_config(tmp_path)
+    policy, _ = build_policy(apply_overrides(config, ["engine.fp8=true"]), dist.init())
+    converted = [name for name, m in policy.transformer.named_modules() if isinstance(m, Float8Linear)]
+    assert len(converted) >= 20 and any(name.endswith("to_q.base_layer") for name in converted)
+    with_fp8 = train_and_check_replay(apply_overrides(config, ["engine.fp8=true"]), tmp_path / "fp8")
+    without = train_and_check_replay(config, tmp_path / "bf16")
+    assert with_fp8 == without and any("lora_A" in k for k in with_fp8)
+
+
+@pytest.mark.gpu
+def test_fp8_compiled_step_replays_its_rollout_exactly(tmp_path):
+    """On CUDA with the blocks compiled (engine.compile), as the full-size recipes run: torch._scaled_mm inside
+    inductor's graphs in rollout and update alike."""
+    config = tiny_qwen_image_config(tmp_path, "engine.fp8=true", "engine.compile=true")
+    assert any("lora_A" in k for k in train_and_check_replay(config, tmp_path / "run"))
