@@ -7,7 +7,8 @@ reads OUT/runs/RECIPE_sSEED/metrics.jsonl and writes OUT/seeds.json, {recipe: {"
 "gold_final", "reward_final", "not_a_digit_final", "diversity_final", "collapsed", "max_drop", "steps_to_gold_0.9",
 "images_to_gold_0.9", "seconds_to_gold_0.9", "date", "device"}, for video recipes "gold_clip_base",
 "gold_clip_final", "gold_steady_base" and "gold_steady_final", and where runs logged it (from 0789767 on)
-"gold_person_base" and "gold_person_final" (`val/gold/person`)} (lists in seed order), and OUT/seeds.png, the
+"gold_person_base" and "gold_person_final" (`val/gold/person`), for edit recipes "gold_kept_*" and "gold_copied_*"}
+(lists in seed order), and OUT/seeds.png, the
 validation reward and gold accuracy of every recipe (median over seeds, band from min to max). A run has collapsed
 if its validation reward falls more than 0.15 below its running maximum after step 50. Seconds count the training
 phases of each step (rollout to update; validation and saving left out) as measured with the sweep's runs sharing
@@ -80,7 +81,8 @@ def summarise(out: Path) -> dict[str, dict]:
             entry["reward_final"].append(val[-1]["val/reward/mean"])
             entry["not_a_digit_final"].append(val[-1]["val/gold/not_a_digit"])
             entry["diversity_final"].append(val[-1].get("val/diversity"))
-            for key in ("clip", "steady", "person"):  # video's whole-clip gold and temporal check; the person judge
+            for key in ("clip", "steady", "person", "kept", "copied"):  # video's whole-clip gold and temporal check;
+                # the person judge; the edit task's place kept and source digit copied
                 if f"val/gold/{key}" in val[-1]:
                     entry[f"gold_{key}_base"].append(val[0][f"val/gold/{key}"])
                     entry[f"gold_{key}_final"].append(val[-1][f"val/gold/{key}"])
@@ -90,7 +92,7 @@ def summarise(out: Path) -> dict[str, dict]:
             entry["seconds_to_gold_0.9"].append(seconds)
         entry = dict(entry)
         entry["collapsed"] = sum(d > DROP for d in entry["max_drop"])
-        for key in ("gold_base", "gold_clip_base", "gold_steady_base", "gold_person_base"):
+        for key in [k for k in entry if k.endswith("_base")]:
             if key in entry:
                 (entry[key],) = set(entry[key])  # the same base model and validation seeds in every run
         steps = sorted(set(entry["steps"]))

@@ -13,7 +13,9 @@
 # tiny runs then share the card instead of time-slicing it: about three times the runs per second on one H200) and
 # stops it at the end if this script started it; where it does not start, the sweep runs without it.
 out=$1; steps=${2:-300}; seeds=${3:-5}; shift $(($# < 3 ? $# : 3))
-recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_dgpo glyphs_gardo glyphs_tempflow glyphs_branch glyphs_online_dpo glyphs_distill}
+recipes=${*:-glyphs glyphs_cps glyphs_dance glyphs_mixgrpo glyphs_grpo_guard glyphs_dppo glyphs_nft glyphs_awm glyphs_dgpo glyphs_gardo glyphs_tempflow glyphs_branch glyphs_online_dpo glyphs_distill
+  glyphs_edit glyphs_edit_cps glyphs_edit_mixgrpo glyphs_edit_grpo_guard glyphs_edit_dppo glyphs_edit_nft glyphs_edit_online_dpo
+  glyphs_video glyphs_video_cps glyphs_video_mixgrpo glyphs_video_grpo_guard glyphs_video_dppo glyphs_video_nft glyphs_video_online_dpo}
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$((gpus > 0 ? gpus : 1)); jobs=${JOBS:-$(nproc)}  # before OMP_NUM_THREADS=1, which nproc obeys
 mkdir -p $out/runs $out/logs
 export out steps PYTHON=${PYTHON:-python} OMP_NUM_THREADS=1 SET TAG SAVE_EVERY
