@@ -3,6 +3,8 @@
 # profiles go to OUT. Run the stages of one goal in one call so that its rows are side by side.
 #   benchmarks/speed_gpu.sh OUT qwen_ckpt        # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) with
 #                                                # engine.checkpoint_every 1 then 2 (EVERY="1 2" by default): goal 1
+#   benchmarks/speed_gpu.sh OUT qwen_fp8         # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) with
+#                                                # engine.fp8 false then true (FP8="false true"): goals 1 and 2
 #   benchmarks/speed_gpu.sh OUT profile_flux     # the warm step of flux_ocr_flowgrpo_lora under the profiler: goal 2
 #   benchmarks/speed_gpu.sh OUT profile_kontext  # flux_kontext_edit_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT profile_edit     # qwen_image_edit_ocr_flowgrpo_lora, the same
@@ -31,6 +33,12 @@ for stage in "$@"; do
         for every in ${EVERY:-1 2}; do
             bench recipe "qwen_image_flowgrpo_ckpt$every" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
                 --set engine.checkpoint_every="$every"
+        done
+        ;;
+    qwen_fp8)
+        for fp8 in ${FP8:-false true}; do
+            bench recipe "qwen_image_flowgrpo_fp8_$fp8" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
+                --set engine.fp8="$fp8"
         done
         ;;
     profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;

@@ -59,6 +59,20 @@ def test_only_frozen_layers_whose_sizes_are_multiples_of_16_are_replaced():
     assert not any("weight8" in k for k in block.state_dict())  # the float8 copies stay out of every checkpoint
 
 
+def test_frozen_lora_adapters_stay_as_they_are():
+    """A second adapter (`old`, `reference`) is frozen too, but it is a LoRA table, not a base layer."""
+    from omnialign.models import lora
+
+    block = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 16))
+    config = lora.apply_lora(block, 16, 16, ["0"])
+    lora.add_adapter(block, "old", config)
+    assert float8_frozen_linears([block]) == 2
+    assert type(block[0].base_layer) is Float8Linear and type(block[1]) is Float8Linear
+    assert type(block[0].lora_A["old"]) is nn.Linear and type(block[0].lora_B["old"]) is nn.Linear
+    with lora.use_adapter(block, "old"):
+        assert block(torch.randn(3, 32)).shape == (3, 16)
+
+
 def test_fp8_needs_a_lora_run():
     with pytest.raises(ConfigError, match="engine.fp8=true.*model.lora.rank=0"):
         validate(apply_overrides(RECIPES["qwen_image_ocr_flowgrpo_full"](), ["engine.fp8=true"]))

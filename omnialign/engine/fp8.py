@@ -66,9 +66,9 @@ class Float8Linear(nn.Module):
 
 
 def float8_frozen_linears(blocks: list[nn.Module], device: torch.device | None = None) -> int:
-    """Replace every frozen `nn.Linear` in `blocks` whose two sizes are multiples of 16 (what `torch._scaled_mm`
-    takes) by a `Float8Linear` on `device` (rounded there, one layer at a time), in place; returns how many. Before
-    sharding."""
+    """Replace every frozen `nn.Linear` in `blocks` outside the LoRA adapters whose two sizes are multiples of 16
+    (what `torch._scaled_mm` takes) by a `Float8Linear` on `device` (rounded there, one layer at a time), in place;
+    returns how many. Before sharding."""
     if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         raise ValueError(
             f"engine.fp8=true needs FP8 matmuls (CUDA compute capability 8.9 or later: Ada, Hopper, Blackwell); "
@@ -76,7 +76,9 @@ def float8_frozen_linears(blocks: list[nn.Module], device: torch.device | None =
         )
     count = 0
     for block in blocks:
-        for parent in list(block.modules()):
+        for path, parent in list(block.named_modules()):
+            if "lora_" in path:  # peft's lora_A / lora_B dicts: a frozen `old` or `reference` adapter stays as it is
+                continue
             for name, child in list(parent.named_children()):
                 if (
                     type(child) is nn.Linear
