@@ -259,6 +259,10 @@ def glyphs_edit_online_dpo() -> Config:
     # plain DPO: with DPOP (lambda 1) 60 CPU steps drew more hybrids (not a digit 0.047 -> 0.106, gold 0.553) than
     # without it (0.016, gold 0.781); the text-to-image and video tasks gain from it (BENCHMARKS.md)
     c.algorithm.dpo_positive = 0.0
+    # the learning rate halves after 100 applied updates: five CPU seeds x 300 steps at a constant 1e-4 fell up to
+    # 0.154 below their best validation reward (one "collapsed") and ended at gold 0.688-0.913, with the milestone at
+    # most 0.067 and 0.825-0.913 (BENCHMARKS.md, "Online DPO on the edit task"); the 60-step check runs before it
+    c.actor.lr_milestones = [100]
     return c
 
 
