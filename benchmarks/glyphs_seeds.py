@@ -93,8 +93,7 @@ def summarise(out: Path) -> dict[str, dict]:
         entry = dict(entry)
         entry["collapsed"] = sum(d > DROP for d in entry["max_drop"])
         for key in [k for k in entry if k.endswith("_base")]:
-            if key in entry:
-                (entry[key],) = set(entry[key])  # the same base model and validation seeds in every run
+            (entry[key],) = set(entry[key])  # the same base model and validation seeds in every run
         steps = sorted(set(entry["steps"]))
         entry["steps"] = steps[0] if len(steps) == 1 else steps
         meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}

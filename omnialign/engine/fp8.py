@@ -20,9 +20,10 @@ E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 def to_float8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x / scale in float8 e4m3, scale): one float32 scale per row (the last dimension), its largest magnitude
     mapped to 448; an all-zero row gets scale 1."""
-    amax = x.float().abs().amax(dim=-1, keepdim=True)
+    x = x.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax > 0, amax / E4M3_MAX, 1.0)
-    return (x.float() / scale).to(torch.float8_e4m3fn), scale
+    return (x / scale).to(torch.float8_e4m3fn), scale
 
 
 class _Float8Matmul(torch.autograd.Function):

@@ -119,9 +119,8 @@ def glyph_video_gold(
     f = videos.shape[1]
     right = torch.tensor(list(gold)).view(len(prompts), f)
     reads = ["".join(i["reads"] for i in gold.info[k * f : (k + 1) * f]) for k in range(len(prompts))]
-    info = [{"reads": reads[k], "not_a_digit": sum(i["not_a_digit"] for i in gold.info[k * f : (k + 1) * f]) / f,
-             "strict": sum(i["strict"] for i in gold.info[k * f : (k + 1) * f]) / f,
-             "person": sum(i["person"] for i in gold.info[k * f : (k + 1) * f]) / f,
+    shares = ("not_a_digit", "strict", "person")  # of the clip's frames
+    info = [{"reads": reads[k], **{key: sum(i[key] for i in gold.info[k * f : (k + 1) * f]) / f for key in shares},
              "clip": float(right[k].all()), "steady": float(len(set(reads[k])) == 1 and reads[k][0] in CHARSET)}
             for k in range(len(prompts))]  # fmt: skip
     return Scores(right.mean(1).tolist(), info)
