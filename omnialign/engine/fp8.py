@@ -31,7 +31,10 @@ class _Float8Matmul(torch.autograd.Function):
     def forward(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
         """x (M, K) bf16 or fp32, weight (N, K) float8, weight_scale (1, N) float32 -> (M, N) bf16."""
         x8, x_scale = to_float8(x)
-        return torch._scaled_mm(x8, weight.t(), scale_a=x_scale, scale_b=weight_scale, out_dtype=torch.bfloat16)
+        if x.is_cuda:
+            return torch._scaled_mm(x8, weight.t(), scale_a=x_scale, scale_b=weight_scale, out_dtype=torch.bfloat16)
+        # torch 2.11's CPU _scaled_mm takes per-tensor scales only: the same product of the rounded operands, in fp32
+        return ((x8.float() @ weight.float().t()) * x_scale * weight_scale).to(torch.bfloat16)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
