@@ -35,10 +35,10 @@ RECOMPILE_LIMIT = 64
 
 def compile_forward(block: nn.Module) -> None:
     """Compile the block's computation alone; FSDP hooks and checkpointing stay outside the graph. Inductor keeps
-    eager's bf16 roundings between fused ops (`emulate_precision_casts`): without them the rollout's no-grad graph
-    and the update's graph fuse differently and round differently, and the replayed log-probs drift from the
-    recorded ones (engine.fp8's row scaling of a fused bf16 input: first ratio 0.99986 on an H200; on the CPU even
-    bf16)."""
+    eager's bf16 roundings between fused ops (`emulate_precision_casts`, for the whole process): without them the
+    rollout's no-grad graph and the update's graph fuse differently and round differently, and the replayed
+    log-probs drift from the recorded ones (engine.fp8's row scaling of a fused bf16 input: first ratio 0.99986 on
+    an H200; on the CPU even bf16)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     inductor_config.emulate_precision_casts = True
     block.forward = torch.compile(block.forward, dynamic=False)
