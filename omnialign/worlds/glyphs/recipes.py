@@ -238,7 +238,9 @@ def glyphs_edit_mixgrpo() -> Config:
     c = _edit(glyphs_mixgrpo(), "glyphs_edit_mixgrpo")
     # the window starts at step 0 or 1 only: sitting at steps 2-5 and 3-6 (training steps 51-100), four CPU seeds fell
     # 0.06-0.17 below their best validation reward (one past the 0.15 collapse bar), and with window_end 5 0.05-0.08
-    # (BENCHMARKS.md, "Edit MixGRPO, a first look at its window")
+    # (BENCHMARKS.md, "Edit MixGRPO, a first look at its window"); it does not hold every seed either: over five CPU
+    # seeds x 300 steps one dipped 0.172 for one validation and the gold judge fell 0.20-0.33 below its best on all
+    # ("Edit MixGRPO and CPS on five seeds")
     c.rollout.window_end = 5
     return c
 
