@@ -131,6 +131,13 @@ def test_a_lora_run_with_fp8_trains_its_adapters_and_replays_its_rollout_exactly
     assert with_fp8 == without and any("lora_A" in k for k in with_fp8)
 
 
+# inductor's C++ (CPU) code keeps eager's bf16 roundings under emulate_precision_casts only from torch 2.13 (pytorch
+# PRs 182882 and 185847); torch 2.11's drops them (the block below: 2,359 of 4,096 outputs differed between rollout
+# and update, by up to 0.031). Its CUDA code keeps them: the GPU tier's compiled fp8 step replays exactly on 2.11.
+OLD_CPU_INDUCTOR = torch.torch_version.TorchVersion(torch.__version__) < (2, 13)
+CPU_DROPS_CASTS = "torch < 2.13 ignores emulate_precision_casts in inductor's CPU code"
+
+
 class FusedBlock(nn.Module):
     """A modulated norm feeding two frozen linear layers through a GELU, the shape of a DiT block's MLP: inductor can
     fuse the norm and the modulation into the first layer's input and the GELU into the second's."""
@@ -147,6 +154,7 @@ class FusedBlock(nn.Module):
         return x + self.down(nn.functional.gelu(self.up(h), approximate="tanh"))
 
 
+@pytest.mark.skipif(OLD_CPU_INDUCTOR, reason=CPU_DROPS_CASTS)  # the block runs on the CPU
 def test_a_compiled_float8_block_gives_the_same_bits_in_the_rollout_and_the_update():
     """engine.compile (`compile_forward`): the rollout's no-grad graph and the update's graph fuse differently; with
     eager's bf16 roundings kept they give the same outputs, so the replay is exact (without them, on the CPU, 1,825
@@ -174,6 +182,7 @@ def test_fp8_compiled_step_replays_its_rollout_exactly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(OLD_CPU_INDUCTOR and not torch.cuda.is_available(), reason=CPU_DROPS_CASTS)
 @pytest.mark.parametrize("fp8", ["false", "true"])
 def test_a_compiled_lora_run_replays_its_rollout_exactly_on_this_machine(tmp_path, fp8):
     """engine.compile on whatever device runs the suite (the CPU in CI's slow tier): without eager's bf16 roundings

@@ -38,7 +38,8 @@ def compile_forward(block: nn.Module) -> None:
     eager's bf16 roundings between fused ops (`emulate_precision_casts`, for the whole process): without them the
     rollout's no-grad graph and the update's graph fuse differently and round differently, and the replayed
     log-probs drift from the recorded ones (engine.fp8's row scaling of a fused bf16 input: first ratio 0.99986 on
-    an H200; on the CPU even bf16)."""
+    an H200; on the CPU even bf16). Inductor's CPU code honours it from torch 2.13 on; on 2.11 the CPU replay
+    drifts (the CUDA one is exact)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     inductor_config.emulate_precision_casts = True
     block.forward = torch.compile(block.forward, dynamic=False)
