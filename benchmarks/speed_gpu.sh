@@ -5,6 +5,9 @@
 #                                                # engine.checkpoint_every 1 then 2 (EVERY="1 2" by default): goal 1
 #   benchmarks/speed_gpu.sh OUT qwen_fp8         # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) with
 #                                                # engine.fp8 false then true (FP8="false true"): goals 1 and 2
+#   benchmarks/speed_gpu.sh OUT qwen_casts       # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) compiled
+#                                                # with inductor's emulate_precision_casts (as engine.compile sets
+#                                                # it) and without: what the exact replay costs (goal 1)
 #   benchmarks/speed_gpu.sh OUT profile_flux     # the warm step of flux_ocr_flowgrpo_lora under the profiler: goal 2
 #   benchmarks/speed_gpu.sh OUT profile_kontext  # flux_kontext_edit_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT profile_edit     # qwen_image_edit_ocr_flowgrpo_lora, the same
@@ -19,10 +22,14 @@ out=$1
 shift
 mkdir -p "$out"
 tiny=(); [ -n "${TINY:-}" ] && tiny=(--tiny)
+omnialign=(python3 -m omnialign)
+# the same CLI with compile_forward's `emulate_precision_casts = True` landing on a namespace that inductor never reads
+no_casts=(python3 -c "import sys, types, omnialign.engine.fsdp as f; f.inductor_config = types.SimpleNamespace()
+from omnialign.cli import main; main(sys.argv[1:])")
 bench() {  # bench KIND NAME RECIPE [bench args ...]: one `omnialign bench KIND` run, its log and JSON under OUT
     local kind=$1 name=$2 r=$3
     shift 3
-    python3 -m omnialign bench "$kind" --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
+    "${omnialign[@]}" bench "$kind" --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
         "$@" >"$out/$name.log" 2>&1
     echo "$name rc=$?"
     tail -3 "$out/$name.log" | cut -c1-700
@@ -40,6 +47,12 @@ for stage in "$@"; do
             bench recipe "qwen_image_flowgrpo_fp8_$fp8" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
                 --set engine.fp8="$fp8"
         done
+        ;;
+    qwen_casts)
+        bench recipe qwen_image_flowgrpo_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
+        omnialign=("${no_casts[@]}")
+        bench recipe qwen_image_flowgrpo_no_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
+        omnialign=(python3 -m omnialign)
         ;;
     profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
     profile_kontext)
