@@ -50,9 +50,8 @@ for stage in "$@"; do
         ;;
     qwen_casts)
         bench recipe qwen_image_flowgrpo_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
-        omnialign=("${no_casts[@]}")
-        bench recipe qwen_image_flowgrpo_no_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
-        omnialign=(python3 -m omnialign)
+        (omnialign=("${no_casts[@]}") && bench recipe qwen_image_flowgrpo_no_casts qwen_image_ocr_flowgrpo_lora \
+            --prompts 4 --steps 2)
         ;;
     profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
     profile_kontext)

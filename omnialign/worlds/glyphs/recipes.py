@@ -238,13 +238,12 @@ def glyphs_edit_mixgrpo() -> Config:
     c = _edit(glyphs_mixgrpo(), "glyphs_edit_mixgrpo")
     # the window starts at step 0 or 1 only: sitting at steps 2-5 and 3-6 (training steps 51-100), four CPU seeds fell
     # 0.06-0.17 below their best validation reward (one past the 0.15 collapse bar), and with window_end 5 0.05-0.08
-    # (BENCHMARKS.md, "Edit MixGRPO, a first look at its window"); it does not hold every seed either: over five CPU
-    # seeds x 300 steps one dipped 0.172 for one validation and the gold judge fell 0.20-0.33 below its best on all
-    # ("Edit MixGRPO and CPS on five seeds")
+    # (BENCHMARKS.md, "Edit MixGRPO, a first look at its window"); alone it did not hold every seed (the rate, below)
     c.rollout.window_end = 5
     c.actor.lr = 5e-5  # five CPU seeds x 300 steps ("Edit MixGRPO at half the learning rate"): none collapsed
     # (largest reward fall 0.049-0.097), gold 0.68-0.82, the gold judge 0.10-0.18 below its best; at 1e-4 one seed's
-    # reward dipped 0.172, gold 0.62-0.74 and 0.20-0.33 below its best; a reference KL of 0.3 learned more slowly
+    # reward dipped 0.172, gold 0.62-0.74 and 0.20-0.33 below its best ("Edit MixGRPO and CPS on five seeds"); a
+    # reference KL of 0.3 learned more slowly
     return c
 
 
