@@ -360,6 +360,12 @@ def glyphs_video_online_dpo() -> Config:
     # +0.315 per frame on five H200 seeds, diversity 0.76-0.93 of the base's; 300 steps: gold 0.77-0.95 on four seeds,
     # but seed 1 fooled the recognizer from step 200 on (gold 0.234, not a digit 0.678; BENCHMARKS.md, video task)
     c.trainer.ema_decay = 0.9
+    # the learning rate halves after 100 applied updates (the first 100, and so the 60-step check, are the constant
+    # 1e-4's): at a constant 1e-4 one seed in five failed over 300 H200 steps in each of two sweeps (collapsed once,
+    # fooled the recognizer once), at 5e-5 throughout a CPU seed gains under +0.15 in 60 steps; with the milestone
+    # five H100 seeds end at gold 0.81-0.94 per frame, none collapsed (largest reward fall 0.074), five CPU seeds at
+    # 0.91-0.98 (BENCHMARKS.md, glyphs video task)
+    c.actor.lr_milestones = [100]
     return c
 
 
