@@ -2,6 +2,7 @@
 whether it collapsed, and how long it took to reach gold 0.9.
 
     python benchmarks/glyphs_seeds.py OUT [--into benchmarks/glyphs/seeds.json]
+    python benchmarks/glyphs_seeds.py --into benchmarks/glyphs/seeds.json   # prints the shipped table only
 
 reads OUT/runs/RECIPE_sSEED/metrics.jsonl and writes OUT/seeds.json, {recipe: {"seeds", "steps", "gold_base",
 "gold_final", "reward_final", "not_a_digit_final", "diversity_final", "collapsed", "max_drop", "steps_to_gold_0.9",
@@ -165,21 +166,23 @@ def main() -> None:
             add_step_times(table, step_seconds(args.alone))
         (args.out / "seeds.json").write_text(json.dumps(table, indent=1))
         plot(args.out, table)
-    elif args.alone and args.into:
+    elif args.into:
         table = {k: v for k, v in merged.items() if isinstance(v, dict)}
-        add_step_times(table, step_seconds(args.alone))
+        if args.alone:
+            add_step_times(table, step_seconds(args.alone))
     else:
-        parser.error("give a sweep's folder OUT, or --alone with --into")
-    if args.into:
+        parser.error("give a sweep's folder OUT, or --into FILE (with --alone to add step times; alone to print it)")
+    if args.into and (args.out or args.alone):
         args.into.write_text(json.dumps({**merged, **table}, indent=1))
     print(
-        "| recipe | seeds | gold base | gold final | reward final | not a digit | diversity | collapsed | "
+        "| recipe | seeds | gold base | gold final | least gain | reward final | not a digit | diversity | collapsed | "
         "steps to gold 0.9 | images to gold 0.9 | step s alone | GPU s to gold 0.9 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for recipe, e in table.items():
         print(f"| {recipe} | {len(e['seeds'])} | {e['gold_base']:.3f} | {spread(e['gold_final'])} | "
-              f"{spread(e['reward_final'])} | {spread(e['not_a_digit_final'])} | "
+              f"{min(e['gold_final']) - e['gold_base']:+.3f} | {spread(e['reward_final'])} | "
+              f"{spread(e['not_a_digit_final'])} | "
               f"{spread(e.get('diversity_final', [None]))} | {e['collapsed']} | "
               f"{spread(e['steps_to_gold_0.9'])} | {spread(e['images_to_gold_0.9'])} | "
               f"{e.get('step_seconds_alone', '')} | "
