@@ -9,6 +9,8 @@
 #                                                # with inductor's emulate_precision_casts (as engine.compile sets
 #                                                # it) and without: what the exact replay costs (goal 1)
 #   benchmarks/speed_gpu.sh OUT profile_flux     # the warm step of flux_ocr_flowgrpo_lora under the profiler: goal 2
+#   benchmarks/speed_gpu.sh OUT fp8_flux         # flux_ocr_flowgrpo_lora with engine.fp8 false then true (FP8=...): goal 2;
+#                                                # fp8_kontext, fp8_edit and fp8_wan do the same for the other three
 #   benchmarks/speed_gpu.sh OUT profile_kontext  # flux_kontext_edit_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT profile_edit     # qwen_image_edit_ocr_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT profile_wan      # wan21_t2v_1_3b_ocr_flowgrpo_lora, the same
@@ -52,6 +54,17 @@ for stage in "$@"; do
         bench recipe qwen_image_flowgrpo_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
         (omnialign=("${no_casts[@]}") && bench recipe qwen_image_flowgrpo_no_casts qwen_image_ocr_flowgrpo_lora \
             --prompts 4 --steps 2)
+        ;;
+    fp8_flux | fp8_kontext | fp8_edit | fp8_wan)  # goal 2's recipes at the profile stages' sizes, bf16 then fp8
+        case $stage in
+        fp8_flux) r=flux_ocr_flowgrpo_lora p=2 ;;
+        fp8_kontext) r=flux_kontext_edit_flowgrpo_lora p=2 ;;
+        fp8_edit) r=qwen_image_edit_ocr_flowgrpo_lora p=1 ;;
+        fp8_wan) r=wan21_t2v_1_3b_ocr_flowgrpo_lora p=1 ;;
+        esac
+        for fp8 in ${FP8:-false true}; do
+            bench recipe "${stage}_$fp8" $r --prompts $p --steps 2 --set engine.fp8="$fp8"
+        done
         ;;
     profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
     profile_kontext)
