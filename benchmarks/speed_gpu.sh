@@ -14,6 +14,9 @@
 #   benchmarks/speed_gpu.sh OUT profile_wan      # wan21_t2v_1_3b_ocr_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT fp8_flux         # flux_ocr_flowgrpo_lora with engine.fp8 false then true (FP8=...): goal 2;
 #                                                # fp8_kontext, fp8_edit and fp8_wan do the same for the three above
+#                                                # (Wan: 1 prompt x 2 videos, issue 20's row; 8 take 350 s a step)
+# SET="KEY=VALUE ..." adds overrides to the fp8 stages' runs: an H100 holds the Qwen-Image recipes' actor micro-batch
+# of 16 in neither precision (SET=actor.micro_batch_size=8).
 #   benchmarks/speed_gpu.sh OUT wan14b           # wan21_t2v_14b_ocr_flowgrpo_lora, one step of two videos: goal 4
 #   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
@@ -47,7 +50,7 @@ for stage in "$@"; do
     qwen_fp8)
         for fp8 in ${FP8:-false true}; do
             bench recipe "qwen_image_flowgrpo_fp8_$fp8" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
-                --set engine.fp8="$fp8"
+                --set engine.fp8="$fp8" ${SET:-}
         done
         ;;
     qwen_casts)
@@ -56,14 +59,15 @@ for stage in "$@"; do
             --prompts 4 --steps 2)
         ;;
     fp8_flux | fp8_kontext | fp8_edit | fp8_wan)  # goal 2's recipes at the profile stages' sizes, bf16 then fp8
+        x=
         case $stage in
         fp8_flux) r=flux_ocr_flowgrpo_lora p=2 ;;
         fp8_kontext) r=flux_kontext_edit_flowgrpo_lora p=2 ;;
         fp8_edit) r=qwen_image_edit_ocr_flowgrpo_lora p=1 ;;
-        fp8_wan) r=wan21_t2v_1_3b_ocr_flowgrpo_lora p=1 ;;
+        fp8_wan) r=wan21_t2v_1_3b_ocr_flowgrpo_lora p=1 x=rollout.n=2 ;;
         esac
         for fp8 in ${FP8:-false true}; do
-            bench recipe "${stage}_$fp8" $r --prompts $p --steps 2 --set engine.fp8="$fp8"
+            bench recipe "${stage}_$fp8" $r --prompts $p --steps 2 --set engine.fp8="$fp8" ${x:-} ${SET:-}
         done
         ;;
     profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
@@ -73,7 +77,10 @@ for stage in "$@"; do
     profile_edit)
         bench recipe edit_profile qwen_image_edit_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/edit_profile"
         ;;
-    profile_wan) bench recipe wan_profile wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/wan_profile" ;;
+    profile_wan)
+        bench recipe wan_profile wan21_t2v_1_3b_ocr_flowgrpo_lora --prompts 1 --steps 2 --set rollout.n=2 \
+            --profile "$out/wan_profile"
+        ;;
     wan14b) bench recipe wan14b wan21_t2v_14b_ocr_flowgrpo_lora --prompts 1 --steps 1 --set rollout.n=2 ;;
     omni)
         for media in image audio video; do
