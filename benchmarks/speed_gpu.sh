@@ -15,13 +15,13 @@
 #   benchmarks/speed_gpu.sh OUT fp8_flux         # flux_ocr_flowgrpo_lora with engine.fp8 false then true (FP8=...): goal 2;
 #                                                # fp8_kontext, fp8_edit and fp8_wan do the same for the three above
 #                                                # (Wan: 1 prompt x 2 videos, issue 20's row; 8 take 350 s a step)
-# SET="KEY=VALUE ..." adds overrides to the fp8 stages' runs: an H100 holds the Qwen-Image recipes' actor micro-batch
-# of 16 in neither precision (SET=actor.micro_batch_size=8).
 #   benchmarks/speed_gpu.sh OUT wan14b           # wan21_t2v_14b_ocr_flowgrpo_lora, one step of two videos: goal 4
 #   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
 #   benchmarks/speed_gpu.sh OUT omni_gspo        # qwen3_omni_gspo alone, image rows through the full towers
-# TINY=1 checks a stage on a CPU with the tiny twins.
+# TINY=1 checks a stage on a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8 and
+# the fp8 stages: an H100 holds the Qwen-Image recipes' actor micro-batch of 16 in neither precision
+# (SET=actor.micro_batch_size=8).
 set -uo pipefail
 out=$1
 shift
@@ -47,27 +47,22 @@ for stage in "$@"; do
                 --set engine.checkpoint_every="$every"
         done
         ;;
-    qwen_fp8)
-        for fp8 in ${FP8:-false true}; do
-            bench recipe "qwen_image_flowgrpo_fp8_$fp8" qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
-                --set engine.fp8="$fp8" ${SET:-}
-        done
-        ;;
     qwen_casts)
         bench recipe qwen_image_flowgrpo_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
         (omnialign=("${no_casts[@]}") && bench recipe qwen_image_flowgrpo_no_casts qwen_image_ocr_flowgrpo_lora \
             --prompts 4 --steps 2)
         ;;
-    fp8_flux | fp8_kontext | fp8_edit | fp8_wan)  # goal 2's recipes at the profile stages' sizes, bf16 then fp8
+    qwen_fp8 | fp8_flux | fp8_kontext | fp8_edit | fp8_wan)  # goal 1's and goal 2's recipes, bf16 then fp8
         x=
         case $stage in
+        qwen_fp8) r=qwen_image_ocr_flowgrpo_lora p=4 ;;
         fp8_flux) r=flux_ocr_flowgrpo_lora p=2 ;;
         fp8_kontext) r=flux_kontext_edit_flowgrpo_lora p=2 ;;
         fp8_edit) r=qwen_image_edit_ocr_flowgrpo_lora p=1 ;;
         fp8_wan) r=wan21_t2v_1_3b_ocr_flowgrpo_lora p=1 x=rollout.n=2 ;;
         esac
         for fp8 in ${FP8:-false true}; do
-            bench recipe "${stage}_$fp8" $r --prompts $p --steps 2 --set engine.fp8="$fp8" ${x:-} ${SET:-}
+            bench recipe "${stage}_$fp8" $r --prompts $p --steps 2 --set engine.fp8="$fp8" $x ${SET:-}
         done
         ;;
     profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
