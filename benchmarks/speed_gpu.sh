@@ -29,7 +29,9 @@ mkdir -p "$out"
 tiny=(); [ -n "${TINY:-}" ] && tiny=(--tiny)
 omnialign=(python3 -m omnialign)
 # the same CLI with compile_forward's `emulate_precision_casts = True` landing on a namespace that inductor never reads
-no_casts=(python3 -c "import sys, types, omnialign.engine.fsdp as f; f.inductor_config = types.SimpleNamespace()
+# (its reduction-config filter still set)
+no_casts=(python3 -c "import sys, types, omnialign.engine.fsdp as f
+f.inductor_config = types.SimpleNamespace(test_configs=f.inductor_config.test_configs)
 from omnialign.cli import main; main(sys.argv[1:])")
 bench() {  # bench KIND NAME RECIPE [bench args ...]: one `omnialign bench KIND` run, its log and JSON under OUT
     local kind=$1 name=$2 r=$3

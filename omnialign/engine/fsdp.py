@@ -39,9 +39,13 @@ def compile_forward(block: nn.Module) -> None:
     rollout's no-grad graph and the update's graph fuse differently and round differently, and the replayed
     log-probs drift from the recorded ones (engine.fp8's row scaling of a fused bf16 input: first ratio 0.99986 on
     an H200; on the CPU even bf16). Inductor's CPU code honours it from torch 2.13 on; on 2.11 the CPU replay
-    drifts (the CUDA one is exact)."""
+    drifts. On CUDA, inductor also times each reduction kernel's block sizes and keeps the fastest; the rollout's
+    LayerNorm kernel and the update's are different kernels, so they summed rows in different orders (a FLUX.1-wide
+    block: 2,005 of 9.4M outputs apart in bf16). Its reduction-config filter picks the block size by rule instead
+    (a test config in torch 2.11-2.13; FLUX.1's fp8 step gained or lost nothing measurable, docs/engine.md)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     inductor_config.emulate_precision_casts = True
+    inductor_config.test_configs.force_filter_reduction_configs = True
     block.forward = torch.compile(block.forward, dynamic=False)
 
 
