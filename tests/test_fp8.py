@@ -186,9 +186,9 @@ def test_a_compiled_float8_block_gives_the_same_bits_in_the_rollout_and_the_upda
 def test_a_compiled_block_at_full_width_gives_the_same_bits_in_the_rollout_and_the_update(fp8):
     """The block above at FLUX.1's width (3072, MLP 12288) and a 1024 + 512-token sequence, on CUDA: at full size the
     compiled fp8 replay clipped 3-9% of FLUX's and Kontext's samples at an exact-replay setting (bf16: none;
-    BENCHMARKS.md, issue 32), where the tiny CUDA step replays exactly. On an H100 (torch 2.11) the bf16 case failed:
-    2,005 of 9,437,184 outputs apart, inductor timing each reduction kernel's block sizes on its own; it passed under
-    TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS=1 (docs/engine.md). The fp8 case has not run on a GPU yet."""
+    BENCHMARKS.md, issue 32), where the tiny CUDA step replays exactly. On an H100 (torch 2.11) both cases failed
+    (bf16: 2,005 of 9,437,184 outputs apart), inductor timing each reduction kernel's block sizes on its own; both
+    passed with its reduction-config filter, which compile_forward now sets (docs/engine.md)."""
     torch.manual_seed(0)
     block = FusedBlock(3072, 12288).to("cuda", torch.bfloat16)
     if fp8:
