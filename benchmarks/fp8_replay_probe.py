@@ -1,12 +1,15 @@
 """Where FLUX.1's compiled fp8 replay leaves exactness (issue 32): one double-stream and one single-stream block at
 FLUX.1-dev's size with the recipe's LoRA (r64, a128, B random as after an update), compiled as engine.compile does
 (`compile_forward`) and run as the rollout (no grad) and as the update (with grad, then backward), in bf16 and fp8.
-Prints, per block and precision, how many outputs differ between the two and by how much. On a CUDA device:
+Prints, per block and precision, how many outputs differ between the two and by how much; whether running the
+update's graph without its backward (a rollout under grad, output detached) gives the update's bits; and the
+forward's milliseconds without and with grad, what such a rollout would cost. On a CUDA device:
 
     python benchmarks/fp8_replay_probe.py [--tokens 1024] [--text 128] [--batch 16]
 """
 
 import argparse
+from collections.abc import Callable
 
 import torch
 from diffusers.models.transformers.transformer_flux import (
@@ -37,14 +40,39 @@ def probe(kind: str, fp8: bool, batch: int, tokens: int, text: int) -> str:
     image = torch.randn(batch, tokens, 3072, device="cuda", dtype=torch.bfloat16)
     prompt = torch.randn(batch, text, 3072, device="cuda", dtype=torch.bfloat16)
     temb = torch.randn(batch, 3072, device="cuda", dtype=torch.bfloat16)
+
+    def forward() -> torch.Tensor:
+        return torch.cat(block(image, prompt, temb, rotary), 1)
+
     with torch.no_grad():
-        rollout = torch.cat(block(image, prompt, temb, rotary), 1)
-    update = torch.cat(block(image, prompt, temb, rotary), 1)
+        rollout = forward()
+    update = forward()
     update.float().square().mean().backward()
+    with torch.enable_grad():  # the update's graph, its saved activations dropped with the output's graph
+        rollout_in_update_graph = forward().detach()
     differ = (rollout != update).sum().item()
     gap = (rollout.float() - update.float()).abs().max().item()
+    same_graph = (rollout_in_update_graph != update).sum().item()
+    ms = {mode: forward_ms(forward, mode) for mode in (torch.no_grad, torch.enable_grad)}
     precision = "fp8" if fp8 else "bf16"
-    return f"{kind} {precision} ({converted} fp8 linears): {differ} of {rollout.numel()} differ, max {gap:.3g}"
+    return (
+        f"{kind} {precision} ({converted} fp8 linears): no-grad vs update {differ} of {rollout.numel()} differ, "
+        f"max {gap:.3g}; update graph without backward vs update {same_graph} differ; forward ms no-grad "
+        f"{ms[torch.no_grad]:.2f}, with grad {ms[torch.enable_grad]:.2f}"
+    )
+
+
+def forward_ms(forward: Callable[[], torch.Tensor], mode: type, repeats: int = 20) -> float:
+    """Mean milliseconds of one forward under `mode` (torch.no_grad or torch.enable_grad, output dropped)."""
+    with mode():
+        forward()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            forward().detach()
+        end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
 
 
 def main() -> None:
