@@ -129,6 +129,13 @@ class RolloutConfig:
     micro_batch_size: int = 64
     """Samples denoised in one batched forward (a branched rollout: trunks or trees per chunk, and the states of
     one forward)."""
+    grad_graph: bool = False
+    """Run the rollout's network calls (and a forward-only replay's) with grad enabled, their outputs detached: a
+    compiled network (engine.compile) then runs the update's graph instead of its no-grad one, which fuses and
+    reduces differently, so the update replays the recorded log-probs bit for bit at full size (compiled FLUX.1
+    blocks at 3072 wide: thousands of outputs apart otherwise; FLUX.1 in fp8 clipped 1.6-3% of samples where the
+    replay should be exact; docs/engine.md). Each call holds what the update's forward saves until it returns (with
+    activation checkpointing, the blocks' inputs). Eager networks gain nothing from it."""
     branches: int = 6
     """TempFlow-GRPO: SDE branches drawn from the trunk's state at each branch step, each finished by the ODE
     (the reference's 6)."""

@@ -17,7 +17,7 @@ from omnialign.config import RolloutConfig, branch_steps, leaves_per_sample, tre
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity, per_sample_noise
 from omnialign.models.base import DiffusionPolicy
-from omnialign.rollout.diffusion import _conditions, _generators, step_guidance
+from omnialign.rollout.diffusion import _conditions, _generators, rollout_velocity, step_guidance
 
 
 def _velocity(
@@ -36,7 +36,7 @@ def _velocity(
         sl = slice(lo, lo + config.micro_batch_size)
         index = owner[sl].to(cond.device)
         negative = None if uncond is None else uncond[index]
-        parts.append(guided_velocity(policy.velocity, x[sl], sigma[sl], cond[index], negative,
+        parts.append(guided_velocity(rollout_velocity(policy, config), x[sl], sigma[sl], cond[index], negative,
                                      step_guidance(policy, sigma[sl], config), config.cfg_rescale))  # fmt: skip
     return torch.cat(parts).float()
 

@@ -3,12 +3,13 @@
 from collections.abc import Callable
 
 import torch
+from tensordict import TensorDict
 from tqdm import tqdm
 
 from omnialign.batch import Trajectory
 from omnialign.config import RolloutConfig
 from omnialign.diffusion import sde
-from omnialign.diffusion.sampling import Guidance, per_sample_noise, sample
+from omnialign.diffusion.sampling import Guidance, VelocityFn, per_sample_noise, sample
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.flux2 import Flux2Policy
 from omnialign.models.wan import WanPolicy
@@ -26,6 +27,21 @@ def sample_seeds(seed: int, step: int, count: int) -> torch.Tensor:
 def _generators(seeds: torch.Tensor) -> list[torch.Generator]:
     """Host generators, one per sample: the same seed draws the same noise on any device."""
     return [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+
+def rollout_velocity(policy: DiffusionPolicy, config: RolloutConfig) -> VelocityFn:
+    """`policy.velocity`; with `rollout.grad_graph`, a call made without grad runs with it and returns its output
+    detached, so that a compiled network runs the update's graph (a call with grad, the update's, is unchanged)."""
+    if not config.grad_graph:
+        return policy.velocity
+
+    def velocity(latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return policy.velocity(latents, sigma, cond)
+        with torch.enable_grad():
+            return policy.velocity(latents, sigma, cond).detach()
+
+    return velocity
 
 
 def window_starts(seeds: torch.Tensor, config: RolloutConfig, step: int, seed: int) -> torch.Tensor:
@@ -119,7 +135,7 @@ def generate(
         sl = slice(lo, lo + config.micro_batch_size)
         cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
         out = sample(
-            policy.velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
+            rollout_velocity(policy, config), _generators(seeds[sl]), shape, sigmas, cond, uncond,
             guidance=lambda sigma: step_guidance(policy, sigma, config), cfg_rescale=config.cfg_rescale,
             kind=config.kind, eta=config.eta,
             starts=starts[sl], window=config.window_size, device=device,

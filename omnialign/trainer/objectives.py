@@ -38,7 +38,7 @@ from omnialign.engine import dist
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.reference import Context
 from omnialign.rollout.branching import generate_tempflow, generate_tree
-from omnialign.rollout.diffusion import generate, step_guidance
+from omnialign.rollout.diffusion import generate, rollout_velocity, step_guidance
 from omnialign.trainer.actor import Inputs, Objective, infer
 
 FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 0), "sigma_next": ("sigmas", 1)}
@@ -47,7 +47,7 @@ FLOW_STEP = {"x": ("latents", 0), "x_next": ("latents", 1), "sigma": ("sigmas", 
 def replay(policy: DiffusionPolicy, inputs: Inputs, rollout: RolloutConfig) -> sde.Transition:
     """Score a stored transition x -> x_next under the current policy."""
     x, sigma = inputs["x"], inputs["sigma"]
-    v = guided_velocity(policy.velocity, x, sigma, inputs["cond"], inputs["uncond"],
+    v = guided_velocity(rollout_velocity(policy, rollout), x, sigma, inputs["cond"], inputs["uncond"],
                         step_guidance(policy, sigma, rollout), rollout.cfg_rescale)  # fmt: skip
     return sde.transition(rollout.kind, v, x, sigma, inputs["sigma_next"], rollout.eta, sample=inputs["x_next"])
 
