@@ -210,10 +210,12 @@ def test_fp8_compiled_step_replays_its_rollout_exactly(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(OLD_CPU_INDUCTOR and not torch.cuda.is_available(), reason=CPU_DROPS_CASTS)
-@pytest.mark.parametrize("fp8", ["false", "true"])
-def test_a_compiled_lora_run_replays_its_rollout_exactly_on_this_machine(tmp_path, fp8):
+@pytest.mark.parametrize("fp8, grad_graph", [("false", "false"), ("true", "false"), ("true", "true")])
+def test_a_compiled_lora_run_replays_its_rollout_exactly_on_this_machine(tmp_path, fp8, grad_graph):
     """engine.compile on whatever device runs the suite (the CPU in CI's slow tier): without eager's bf16 roundings
     inductor's CPU graphs drifted in bf16 too (the bf16 run's two updates: ratios 1.000016 and 0.99961; fp8's first:
-    0.99983)."""
-    config = tiny_qwen_image_config(tmp_path, f"engine.fp8={fp8}", "engine.compile=true")
+    0.99983). With rollout.grad_graph the rollout runs the update's compiled graph instead of its no-grad one."""
+    config = tiny_qwen_image_config(
+        tmp_path, f"engine.fp8={fp8}", "engine.compile=true", f"rollout.grad_graph={grad_graph}"
+    )
     assert any("lora_A" in k for k in train_and_check_replay(config, tmp_path / "run"))
