@@ -32,11 +32,14 @@ CARD_GB = 139  # an H200's usable memory
 
 @pytest.fixture(autouse=True)
 def fresh_memory():
-    """Each test starts with the card empty and its peak reset, and leaves nothing behind."""
+    """Each test starts with the card empty and its peak reset, and leaves nothing behind: a failed test's traceback,
+    which pytest keeps in sys.last_* until the next test's call, holds its tensors (on an H100 a GSPO test that ran
+    out of memory took the next one down with it), so it is dropped first."""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     yield
+    sys.last_type = sys.last_value = sys.last_traceback = sys.last_exc = None
     gc.collect()
     torch.cuda.empty_cache()
 
