@@ -31,12 +31,12 @@ def _velocity(
 ) -> torch.Tensor:
     """The guided velocity of states x (S, *latent) at sigma (S,), state i under its trunk owner[i]'s conditions, in
     forwards of rollout.micro_batch_size states."""
-    parts = []
+    parts, velocity = [], rollout_velocity(policy, config)
     for lo in range(0, len(x), config.micro_batch_size):
         sl = slice(lo, lo + config.micro_batch_size)
         index = owner[sl].to(cond.device)
         negative = None if uncond is None else uncond[index]
-        parts.append(guided_velocity(rollout_velocity(policy, config), x[sl], sigma[sl], cond[index], negative,
+        parts.append(guided_velocity(velocity, x[sl], sigma[sl], cond[index], negative,
                                      step_guidance(policy, sigma[sl], config), config.cfg_rescale))  # fmt: skip
     return torch.cat(parts).float()
 
