@@ -133,9 +133,10 @@ class RolloutConfig:
     """Run the rollout's network calls (and a forward-only replay's) with grad enabled, their outputs detached: a
     compiled network (engine.compile) then runs the update's graph instead of its no-grad one, which fuses and
     reduces differently, so the update replays the recorded log-probs bit for bit at full size (compiled FLUX.1
-    blocks at 3072 wide: thousands of outputs apart otherwise; FLUX.1 in fp8 clipped 1.6-3% of samples where the
-    replay should be exact; docs/engine.md). Each call holds what the update's forward saves until it returns (with
-    activation checkpointing, the blocks' inputs). Eager networks gain nothing from it."""
+    blocks at 3072 wide: thousands of outputs apart otherwise; docs/engine.md). Each call holds what the update's
+    forward saves until it returns (with activation checkpointing, the blocks' inputs). Eager networks gain nothing
+    from it. FLUX.1 compiled in fp8 on an H200: samples clipped at clip range 1e-5 0.047-0.063 -> 0, warm step
+    2.814 -> 2.637 images/GPU/s, the same peak memory (BENCHMARKS.md)."""
     branches: int = 6
     """TempFlow-GRPO: SDE branches drawn from the trunk's state at each branch step, each finished by the ODE
     (the reference's 6)."""
@@ -374,7 +375,9 @@ class EngineConfig:
     """LoRA runs: store the frozen linear layers of the network's blocks in float8 e4m3 (a scale per output channel)
     and run their matmuls in FP8 (`torch._scaled_mm`, the input scaled per row) in rollout and training alike, so the
     replayed log-probs stay the rollout's (engine/fp8.py). The base model is then trained as rounded to float8, its
-    frozen weights take half the memory, and the matmuls run at FP8 speed on GPUs that have it (Hopper, Ada, later)."""
+    frozen weights take half the memory, and the matmuls run at FP8 speed on GPUs that have it (Hopper, Ada, later).
+    With engine.compile, turn rollout.grad_graph on too: compiled FLUX.1 in fp8 then replays exactly (without it 3-4
+    of 64 samples clipped at clip range 1e-5; 6% slower warm step on an H200, BENCHMARKS.md)."""
     sequence_parallel: int = 1
     """Split each sample's tokens over groups of this many consecutive processes (Ulysses attention,
     engine/sequence.py; docs/engine.md): for videos whose activations outgrow one device. The processes of a group
