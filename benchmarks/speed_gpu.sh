@@ -8,8 +8,9 @@
 #   benchmarks/speed_gpu.sh OUT qwen_casts       # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) compiled
 #                                                # with inductor's emulate_precision_casts (as engine.compile sets
 #                                                # it) and without: what the exact replay costs (goal 1)
-#   benchmarks/speed_gpu.sh OUT qwen_rope        # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps), then the same with
-#                                                # its rotary embedding in real arithmetic (benchmarks/qwen_rope_real.py)
+#   benchmarks/speed_gpu.sh OUT qwen_rope        # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps), then
+#                                                # the same with its rotary embedding in real arithmetic
+#                                                # (benchmarks/qwen_rope_real.py)
 #   benchmarks/speed_gpu.sh OUT profile_flux     # the warm step of flux_ocr_flowgrpo_lora under the profiler: goal 2
 #   benchmarks/speed_gpu.sh OUT profile_kontext  # flux_kontext_edit_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT profile_edit     # qwen_image_edit_ocr_flowgrpo_lora, the same
@@ -57,7 +58,8 @@ for stage in "$@"; do
             --prompts 4 --steps 2)
         ;;
     qwen_rope)
-        bench recipe qwen_image_flowgrpo_rope_complex qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 ${SET:+--set $SET}
+        bench recipe qwen_image_flowgrpo_rope_complex qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
+            ${SET:+--set $SET}
         (omnialign=(python3 benchmarks/qwen_rope_real.py) && bench recipe qwen_image_flowgrpo_rope_real \
             qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 ${SET:+--set $SET})
         ;;

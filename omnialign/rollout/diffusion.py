@@ -129,13 +129,13 @@ def generate(
     if config.shared_init_noise:  # DanceGRPO: a group starts from one noise, drawn from its first sample's seed
         first = {g: i for i, g in reversed(list(enumerate(group.tolist())))}
         init_seeds = seeds[[first[g] for g in group.tolist()]] + SHARED_INIT_OFFSET
-    parts, images = [], []
+    parts, images, velocity = [], [], rollout_velocity(policy, config)
     chunks = range(0, len(prompts), config.micro_batch_size)
     for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
         sl = slice(lo, lo + config.micro_batch_size)
         cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
         out = sample(
-            rollout_velocity(policy, config), _generators(seeds[sl]), shape, sigmas, cond, uncond,
+            velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
             guidance=lambda sigma: step_guidance(policy, sigma, config), cfg_rescale=config.cfg_rescale,
             kind=config.kind, eta=config.eta,
             starts=starts[sl], window=config.window_size, device=device,
