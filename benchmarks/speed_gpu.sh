@@ -5,12 +5,12 @@
 #                                                # engine.checkpoint_every 1 then 2 (EVERY="1 2" by default): goal 1
 #   benchmarks/speed_gpu.sh OUT qwen_fp8         # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) with
 #                                                # engine.fp8 false then true (FP8="false true"): goals 1 and 2
+#   benchmarks/speed_gpu.sh OUT qwen_goal1       # qwen_image_ocr_{flowgrpo,dppo,nft}_lora (4 prompts, two steps) in
+#                                                # fp8 with the exact replay (ALGOS="flowgrpo dppo nft"; two fit
+#                                                # one call): goal 1 as measured at e768b33
 #   benchmarks/speed_gpu.sh OUT qwen_casts       # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) compiled
 #                                                # with inductor's emulate_precision_casts (as engine.compile sets
 #                                                # it) and without: what the exact replay costs (goal 1)
-#   benchmarks/speed_gpu.sh OUT qwen_rope        # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps), then
-#                                                # the same with its rotary embedding in real arithmetic
-#                                                # (benchmarks/qwen_rope_real.py)
 #   benchmarks/speed_gpu.sh OUT profile_flux     # the warm step of flux_ocr_flowgrpo_lora under the profiler: goal 2
 #   benchmarks/speed_gpu.sh OUT profile_kontext  # flux_kontext_edit_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT profile_edit     # qwen_image_edit_ocr_flowgrpo_lora, the same
@@ -23,7 +23,7 @@
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
 #   benchmarks/speed_gpu.sh OUT omni_gspo        # qwen3_omni_gspo alone, image rows through the full towers
 # TINY=1 checks a stage on a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8,
-# qwen_rope and the fp8 stages: an H100 holds the Qwen-Image recipes' actor micro-batch of 16 in neither precision
+# qwen_goal1 and the fp8 stages: an H100 holds the Qwen-Image recipes' actor micro-batch of 16 in neither precision
 # (SET=actor.micro_batch_size=8).
 set -uo pipefail
 out=$1
@@ -52,16 +52,16 @@ for stage in "$@"; do
                 --set engine.checkpoint_every="$every"
         done
         ;;
+    qwen_goal1)
+        for algo in ${ALGOS:-flowgrpo dppo nft}; do
+            bench recipe "qwen_$algo" "qwen_image_ocr_${algo}_lora" --prompts 4 --steps 2 \
+                --set engine.fp8=true rollout.grad_graph=true ${SET:-}
+        done
+        ;;
     qwen_casts)
         bench recipe qwen_image_flowgrpo_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
         (omnialign=("${no_casts[@]}") && bench recipe qwen_image_flowgrpo_no_casts qwen_image_ocr_flowgrpo_lora \
             --prompts 4 --steps 2)
-        ;;
-    qwen_rope)
-        bench recipe qwen_image_flowgrpo_rope_complex qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 \
-            ${SET:+--set $SET}
-        (omnialign=(python3 benchmarks/qwen_rope_real.py) && bench recipe qwen_image_flowgrpo_rope_real \
-            qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2 ${SET:+--set $SET})
         ;;
     qwen_fp8 | fp8_flux | fp8_kontext | fp8_edit | fp8_wan)  # goal 1's and goal 2's recipes, bf16 then fp8
         x=

@@ -2,8 +2,6 @@
 equivalence with diffusers' own `QwenImagePipeline`."""
 
 import copy
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +15,6 @@ from omnialign.config import ModelConfig
 from omnialign.diffusion.sampling import per_sample_noise, sample
 from omnialign.models import LOADERS, qwen_image, tiny
 
-ROOT = Path(__file__).parents[1]
 PROMPTS = ["a red cat", 'a shop sign that says "OPEN" in the rain, photo']
 HEIGHT, WIDTH = 32, 48  # tiny VAE factor 4, 2x2 packing: a 4x6 token grid
 
@@ -87,22 +84,20 @@ def test_velocity_matches_the_pipelines_transformer_call(policy, pipeline):
 
 
 def test_the_rotary_embedding_in_real_arithmetic_gives_the_complex_multiplys_bits(policy, monkeypatch):
-    """benchmarks/qwen_rope_real.py (issue 32's experiment): the same velocity, bit for bit, with diffusers' complex
-    rotary multiply replaced by its real arithmetic."""
-    spec = importlib.util.spec_from_file_location("qwen_rope_real", ROOT / "benchmarks" / "qwen_rope_real.py")
-    rope = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rope)
+    """The attention's rotary embedding runs through `qwen_image.real_rotary` (installed in diffusers on import): the
+    same velocity, bit for bit, as diffusers' complex multiply."""
+    assert transformer_qwenimage.apply_rotary_emb_qwen is qwen_image.real_rotary
     cond = policy.encode_prompts(PROMPTS)
     torch.manual_seed(0)
     latents, sigma = torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)), torch.tensor([0.93, 0.41])
     with torch.no_grad():
-        complex_v = policy.velocity(latents, sigma, cond)
-        monkeypatch.setattr(transformer_qwenimage, "apply_rotary_emb_qwen", rope.real_rotary)
         real_v = policy.velocity(latents, sigma, cond)
+        monkeypatch.setattr(transformer_qwenimage, "apply_rotary_emb_qwen", qwen_image.complex_rotary)
+        complex_v = policy.velocity(latents, sigma, cond)
     assert torch.equal(real_v, complex_v)
     monkeypatch.setattr(transformer_qwenimage, "apply_rotary_emb_qwen", lambda x, freqs, use_real: x)
     with torch.no_grad():
-        assert not torch.equal(policy.velocity(latents, sigma, cond), complex_v)  # the patch reaches the attention
+        assert not torch.equal(policy.velocity(latents, sigma, cond), complex_v)  # the rotary reaches the attention
 
 
 @pytest.mark.parametrize("size", [(HEIGHT, WIDTH), (512, 512)])

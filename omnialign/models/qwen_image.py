@@ -13,12 +13,15 @@ Everything mirrors `diffusers.QwenImagePipeline` exactly (a test samples with bo
 - the transformer receives the scheduler timestep sigma*1000, cast to the latents' dtype, /1000.
 - the schedule is the dynamic shift (mu from the image token count, per the scheduler config),
   then the scheduler's terminal stretch (`shift_terminal`, 0.02 for the released model).
+- the attention's rotary embedding is diffusers' complex product computed in real float32 arithmetic
+  (`real_rotary`, installed in diffusers on import): the same bits, and compiled into the blocks' graphs.
 """
 
 from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+from diffusers.models.transformers import transformer_qwenimage
 from tensordict import TensorDict
 from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
@@ -51,6 +54,25 @@ LORA_TARGETS = [
     "txt_mlp.net.2",
 ]
 """The 12 attention and MLP projections of each `QwenImageTransformerBlock` (peft `target_modules`)."""
+
+complex_rotary = transformer_qwenimage.apply_rotary_emb_qwen
+
+
+def real_rotary(
+    x: torch.Tensor, freqs_cis: torch.Tensor, use_real: bool = True, use_real_unbind_dim: int = -1
+) -> torch.Tensor:
+    """diffusers' `apply_rotary_emb_qwen` with its complex path (`use_real=False`, the one Qwen-Image's attention
+    takes) in real float32 arithmetic: x (B, S, H, D) rotated by freqs_cis (S, D/2) complex, (a + ib)(c + is) over
+    x's consecutive pairs. The same bits as the complex multiply, which inductor leaves to an eager kernel in every
+    compiled block; in real numbers it fuses with the norms before it (3.4% of the H200 step, BENCHMARKS.md)."""
+    if use_real:
+        return complex_rotary(x, freqs_cis, use_real, use_real_unbind_dim)
+    a, b = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = torch.view_as_real(freqs_cis).unsqueeze(1).unbind(-1)
+    return torch.stack([a * c - b * s, a * s + b * c], -1).flatten(3).type_as(x)
+
+
+transformer_qwenimage.apply_rotary_emb_qwen = real_rotary  # the attention processor looks the name up at each call
 
 
 class QwenImagePolicy:
