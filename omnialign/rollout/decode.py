@@ -59,6 +59,13 @@ def merged_weights(net: nn.Module) -> list[dict[str, tuple[torch.Tensor, torch.T
              "down_proj": weight(layer.mlp.down_proj)} for layer in net.model.layers]  # fmt: skip
 
 
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+                     scale: float) -> torch.Tensor:  # fmt: skip
+    """A decode step's attention: the query heads sharing a key/value head are its query rows, so that each key and
+    value is read once. q (B, KV, G, D), k/v (B, KV, L, D), visible (B, 1, 1, L) -> (B, KV, G, D)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+
+
 def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
              keys: list[torch.Tensor], values: list[torch.Tensor],
              merged: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]] | None) -> torch.Tensor:  # fmt: skip
@@ -87,9 +94,9 @@ def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: 
         q, k = apply_rotary_pos_emb(q, k, *rope)
         keys[i].index_copy_(2, slots, k.to(keys[i].dtype))
         values[i].index_copy_(2, slots, v.to(values[i].dtype))
-        if length == 1:  # decode: the query heads sharing a key/value head are its query rows (K/V read once)
-            o = F.scaled_dot_product_attention(q.reshape(batch, keys[i].shape[1], -1, attn.head_dim), keys[i],
-                                               values[i], attn_mask=visible, scale=attn.scaling)  # fmt: skip
+        if length == 1:
+            o = decode_attention(q.reshape(batch, keys[i].shape[1], -1, attn.head_dim), keys[i], values[i], visible,
+                                 attn.scaling)  # fmt: skip
         else:
             o = F.scaled_dot_product_attention(q, keys[i], values[i], attn_mask=visible, scale=attn.scaling,
                                                enable_gqa=True).transpose(1, 2)  # fmt: skip
