@@ -135,7 +135,8 @@ class RolloutConfig:
     reduces differently, so the update replays the recorded log-probs bit for bit at full size (compiled FLUX.1
     blocks at 3072 wide: thousands of outputs apart otherwise; docs/engine.md). Each call holds what the update's
     forward saves until it returns (with activation checkpointing, the blocks' inputs). Eager networks gain nothing
-    from it. FLUX.1 compiled in fp8 on an H200: samples clipped at clip range 1e-5 0.047-0.063 -> 0, warm step
+    from it, and so do the algorithms that replay no log-prob (nft, awm, dgpo, online_dpo), which sample without it
+    whatever it says. FLUX.1 compiled in fp8 on an H200: samples clipped at clip range 1e-5 0.047-0.063 -> 0, warm step
     2.814 -> 2.637 images/GPU/s, the same peak memory (BENCHMARKS.md)."""
     branches: int = 6
     """TempFlow-GRPO: SDE branches drawn from the trunk's state at each branch step, each finished by the ODE

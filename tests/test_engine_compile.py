@@ -57,3 +57,21 @@ def test_a_lora_run_with_grad_graph_trains_as_without_it(tmp_path):
         records = read_metrics(tmp_path / grad_graph / config.name / "metrics.jsonl")
         runs[grad_graph] = [{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))} for r in records]
     assert runs["true"] == runs["false"]
+
+
+def test_only_an_algorithm_that_replays_samples_in_the_update_graph(tmp_path, monkeypatch):
+    """rollout.grad_graph serves the replay of the rollout's log-probs: a FlowGRPO run's rollout takes it, an NFT
+    run's (no replay) samples in the no-grad graph."""
+    from test_train import debug_config
+
+    from omnialign.rollout import diffusion
+    from omnialign.train import main
+
+    velocity, seen = diffusion.rollout_velocity, []
+    monkeypatch.setattr(diffusion, "rollout_velocity",
+                        lambda policy, config: seen.append(config.grad_graph) or velocity(policy, config))  # fmt: skip
+    for algorithm, lora, expected in (("flowgrpo", [], True), ("nft", ["model.lora.rank=4", "rollout.window_size=0"],
+                                                               False)):  # fmt: skip
+        seen.clear()
+        main(debug_config(tmp_path / algorithm, "rollout.grad_graph=true", f"algorithm.name={algorithm}", *lora))
+        assert seen and set(seen) == {expected}, (algorithm, seen)

@@ -1,6 +1,7 @@
 """The online RL loop (FlowGRPO): each step is a flat list of named, timed phases."""
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -61,6 +62,9 @@ class OnlineTrainer:
         # the optimizer steps on a global mini-batch: each data-parallel rank contributes its share of it
         self.actor_config = actor.local_config(config.actor, *training_batch(config)[:2], self.dp_size)
         self.optimizer, self.scheduler, self.algorithm = optimizer, scheduler, algorithm
+        # the update's graph (rollout.grad_graph) serves the replay of the rollout's log-probs: an algorithm without
+        # one samples in the cheaper no-grad graph whatever the setting
+        self.rollout_config = config.rollout if algorithm.replays_window else replace(config.rollout, grad_graph=False)
         self.world, self.run_dir = world, Path(run_dir)
         self.prompts, self.metadata = load_prompt_set(config.data.prompts)
         self.val_prompts, self.val_metadata = load_prompt_set(config.data.val_prompts)
@@ -85,7 +89,7 @@ class OnlineTrainer:
             futures, n = [], self.algorithm.leaves  # the images of a sample: 1, or a branched rollout's leaves
             leaf_prompts, leaf_meta = [p for p in prompts for _ in range(n)], [m for m in meta for _ in range(n)]
             traj, images = self.algorithm.rollout(
-                self.policy, prompts, group, seeds, c.rollout, device, self.progress, step, c.seed,
+                self.policy, prompts, group, seeds, self.rollout_config, device, self.progress, step, c.seed,
                 on_chunk=self.submitter(leaf_prompts, leaf_meta, group.repeat_interleave(n), futures),
                 sources=self.sources(meta),
             )  # fmt: skip
