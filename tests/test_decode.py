@@ -244,21 +244,28 @@ def test_cuda_graph_replay_equals_the_eager_step(policy):
     net.cpu()
 
 
+def generates_alike(policy, device, monkeypatch, name: str, variants: tuple, tokens: int, atol: float, **kw) -> None:
+    """decode.generate on the prompts at seed 1 (temperature 0.8) with decode's `name` set to each of two variants:
+    the same responses, log-probs within atol."""
+    net = policy.transformer.to(device)
+    ids, mask = (t.to(device) for t in prompts(policy))
+    outputs = []
+    for variant in variants:
+        monkeypatch.setattr(decode, name, variant)
+        torch._dynamo.reset()
+        torch.manual_seed(1)
+        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, tokens, 0.8, **kw))
+    assert torch.equal(outputs[0][0], outputs[1][0])
+    torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=atol, rtol=0)
+    net.cpu()
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_attention_reach_grows_by_buckets(policy, device, monkeypatch):
     """A decode step attends only to the cache's first multiple of `decode.BUCKET` slots that holds its own: with
     buckets of 4 slots (on a GPU a graph captured for each) the tokens and log-probs are those of steps that attend to
     the whole cache."""
-    net = policy.transformer.to(device)
-    ids, mask = (t.to(device) for t in prompts(policy))
-    outputs = []
-    for bucket in (4, 10_000):
-        monkeypatch.setattr(decode, "BUCKET", bucket)
-        torch.manual_seed(1)
-        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 20, 0.8))
-    assert torch.equal(outputs[0][0], outputs[1][0])
-    torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-6, rtol=0)
-    net.cpu()
+    generates_alike(policy, device, monkeypatch, "BUCKET", (4, 10_000), tokens=20, atol=1e-6)
 
 
 def experiments():
@@ -285,16 +292,7 @@ def test_the_fused_sampler_draws_the_eager_samplers_tokens(policy, device, monke
         torch.testing.assert_close(logp, expected[1], atol=1e-5, rtol=0)
     draws = [fused(logits, 0.8, 0, 1.0, False)[0] for _ in range(2)]
     assert not torch.equal(*draws)  # it samples
-    net = policy.transformer.to(device)
-    ids, mask = (t.to(device) for t in prompts(policy))
-    outputs = []
-    for sampler in (decode.sample, fused):
-        monkeypatch.setattr(decode, "sample", sampler)
-        torch.manual_seed(1)
-        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 12, 0.8))
-    assert torch.equal(outputs[0][0], outputs[1][0])
-    torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-5, rtol=0)
-    net.cpu()
+    generates_alike(policy, device, monkeypatch, "sample", (decode.sample, fused), tokens=12, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -309,18 +307,8 @@ def test_the_reduced_decode_attention_samples_as_sdpa(policy, device, monkeypatc
     expected = decode.decode_attention(q, k, v, visible, 0.25)
     torch.testing.assert_close(reduced(q, k, v, visible, 0.25), expected, atol=1e-5, rtol=0)
     assert not torch.allclose(reduced(q, k, v, visible | True, 0.25), expected, atol=1e-3)  # the mask counts
-    net = policy.transformer.to(device)
-    ids, mask = (t.to(device) for t in prompts(policy))
-    outputs = []
-    for attention in (decode.decode_attention, reduced):
-        monkeypatch.setattr(decode, "decode_attention", attention)
-        torch._dynamo.reset()
-        torch.manual_seed(1)
-        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 12, 0.8,
-                                       compiled=True))  # fmt: skip
-    assert torch.equal(outputs[0][0], outputs[1][0])
-    torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-5, rtol=0)
-    net.cpu()
+    generates_alike(policy, device, monkeypatch, "decode_attention", (decode.decode_attention, reduced), tokens=12,
+                    atol=1e-5, compiled=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
