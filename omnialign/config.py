@@ -171,11 +171,12 @@ class GenerationConfig:
     micro_batch_size: int = 32
     """Sequences generated together (rollout and greedy validation)."""
     decoder: str = "static"
-    """static: omnialign's decoder for dense Qwen3 models (static KV cache, the decode step replayed as a CUDA
-    graph; rollout/decode.py); compiled: the same with the decode step through `torch.compile` first (1.4x the
-    tokens/s of static for Qwen3-8B on an H200; a GSPO rollout of 64 samples on Qwen3-8B LoRA 5.0 s against 7.2 s,
-    BENCHMARKS.md; its first generation compiles, 30-80 s for Qwen3-8B); transformers:
-    `generate` (always used by the omni thinker)."""
+    """static: omnialign's decoder (static KV cache, the decode step replayed as a CUDA graph; rollout/decode.py;
+    the omni thinker's prompts first through its own forward, `policy.prefill`); compiled: the same with the decode
+    step through `torch.compile` first (1.4x the tokens/s of static for Qwen3-8B on an H200; a GSPO rollout of 64
+    samples on Qwen3-8B LoRA 5.0 s against 7.2 s, BENCHMARKS.md; its first generation compiles, 30-80 s for
+    Qwen3-8B); transformers: `generate` (the omni recipes' setting until the static decoder's first GPU check on the
+    thinker)."""
     merge_lora: bool = True
     """static and compiled decoders: a layer's seven projections run as four GEMMs by copies of their weights, q/k/v
     stacked and gate/up stacked, with any LoRA adapters folded in (W + s·B·A, made once per generation; the trained

@@ -335,17 +335,20 @@ def test_qwen3_omni_thinker_dpo_at_full_size(tmp_path):
     assert float(metrics["actor/loss"]) == pytest.approx(math.log(2), abs=1e-3)  # policy = reference at step 1
 
 
-@pytest.mark.parametrize("recipe, size, lora", [("qwen3_omni_gspo", "30b-a3b", True), ("choice_gspo", "4b", False),
-                                                ("choice_gspo", "4b", True)])  # fmt: skip
-def test_gspo_at_full_size(recipe, size, lora, tmp_path):
-    """GSPO with generation on the thinker (LoRA) and on Qwen3-4B in bf16 (full fine-tuning with fp32 master weights,
-    and LoRA), one mini-batch per step, with the default old log-probs (algorithm.old_log_probs=auto: replayed for
-    bf16 language models): at the first update every sequence's ratio is 1 and none is clipped. The rollout's own
-    log-probs (float32 head, as training) differ from the training forward by the bf16 layers' rounding: printed."""
+@pytest.mark.parametrize("recipe, size, lora, decoder", [("qwen3_omni_gspo", "30b-a3b", True, "transformers"),
+                                                         ("qwen3_omni_gspo", "30b-a3b", True, "compiled"),
+                                                         ("choice_gspo", "4b", False, "static"),
+                                                         ("choice_gspo", "4b", True, "static")])  # fmt: skip
+def test_gspo_at_full_size(recipe, size, lora, decoder, tmp_path):
+    """GSPO with generation on the thinker (LoRA; transformers' `generate`, and omnialign's decoder compiled) and on
+    Qwen3-4B in bf16 (full fine-tuning with fp32 master weights, and LoRA), one mini-batch per step, with the default
+    old log-probs (algorithm.old_log_probs=auto: replayed for bf16 language models): at the first update every
+    sequence's ratio is 1 and none is clipped. The rollout's own log-probs (float32 head, as training) differ from
+    the training forward by the bf16 layers' rounding: printed."""
     if recipe == "choice_gspo" and not lora and torch.cuda.get_device_properties(0).total_memory < 90 * 2**30:
         pytest.skip("Qwen3-4B's full fine-tuning peaks at 76.9 GiB allocated (H200); an 80 GB H100 ran out in AdamW")
     random_rewards = f'reward.weights={{"{Path(__file__).parent / "reward_fns.py"}:random_scores": 1}}'
-    extra = ["rollout.n=8", "actor.mini_batch_size=32", random_rewards]  # random weights answer nothing
+    extra = ["rollout.n=8", "actor.mini_batch_size=32", random_rewards, f"generation.decoder={decoder}"]
     if lora and recipe == "choice_gspo":
         extra += ["model.lora.rank=32"]
     trainer, policy, _ = language_trainer(recipe, 4, False, tmp_path, extra, model_size=size, max_new_tokens=64)
@@ -355,7 +358,7 @@ def test_gspo_at_full_size(recipe, size, lora, tmp_path):
     assert_stepped(policy.transformer, before, metrics)
     assert float(metrics["rollout/response_length"]) > 0
     gaps = {k: float(metrics[f"actor/rollout_{k}"]) for k in ("logprob_gap", "seq_gap")}
-    print(f"{recipe} {size} lora={lora}: the rollout's log-probs vs the training forward's: {gaps}")
+    print(f"{recipe} {size} lora={lora} {decoder}: the rollout's log-probs vs the training forward's: {gaps}")
     assert float(metrics["actor/clip_frac"]) == 0 and abs(float(metrics["actor/ratio"]) - 1) < 1e-4
 
 

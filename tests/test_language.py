@@ -119,6 +119,32 @@ def test_rollout_log_probs_equal_the_training_forward(models, arch, tmp_path):
     assert torch.equal(again.response_ids, batch.response_ids)  # seeded per step
 
 
+@pytest.mark.parametrize("device, decoder", [("cpu", "static"), pytest.param("cuda", "static", marks=pytest.mark.gpu),
+                                             pytest.param("cuda", "compiled", marks=pytest.mark.gpu)])  # fmt: skip
+def test_tiny_thinker_static_decoder_continues_media_prompts_as_transformers_generate(models, tmp_path, device,
+                                                                                       decoder):  # fmt: skip
+    """The static decoder on the thinker (its prompts through the thinker's own forward: towers, deepstack, M-RoPE;
+    then its own decode steps, on CUDA a graph replay, through the routed experts at positions past the prompt's
+    largest) greedily picks transformers' tokens with its log-probs, in one left-padded batch of text, image + audio
+    and video prompts; on CUDA also with the decode step compiled."""
+    policy = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"])))
+    policy.transformer.to(device)
+    write_media(tmp_path, 1)
+    frames = (np.random.default_rng(0).random((3, 32, 32, 3)) * 255).astype(np.uint8)
+    prompts = [[{"role": "user", "content": "Hello"}],
+               [{"role": "user", "content": [{"type": "image", "image": str(tmp_path / "0.png")},
+                                             {"type": "audio", "audio": str(tmp_path / "0.wav")},
+                                             {"type": "text", "text": "What?"}]}],
+               [{"role": "user", "content": [{"type": "video", "video": frames},
+                                             {"type": "text", "text": "?"}]}]]  # fmt: skip
+    out = {}
+    for name in (decoder, "transformers"):
+        config = GenerationConfig(max_new_tokens=8, micro_batch_size=3, decoder=name)
+        out[name], _ = generate(policy, prompts, 1, torch.arange(3), config, torch.device(device), 0, greedy=True)
+    assert torch.equal(out[decoder].response_ids, out["transformers"].response_ids)
+    torch.testing.assert_close(out[decoder].log_probs, out["transformers"].log_probs, atol=1e-5, rtol=0)
+
+
 def test_omni_responses_hold_no_media_tokens_even_where_the_head_prefers_them(models, tmp_path):
     """A thinker whose head puts nearly all mass on the media starts samples none of them, and the training
     forward over an image prompt and that response gives the recorded log-probs (a sampled audio start made
@@ -293,17 +319,19 @@ def test_every_language_recipe_runs_two_steps(name, models, omni_data, tmp_path)
         assert (run / "samples" / "step_000002.jsonl").exists() and "reward/mean" in records[1]
 
 
-def test_compiled_decoder_trains_as_the_static_one(models, omni_data, tmp_path):
+@pytest.mark.parametrize("name", ["choice_gspo", "qwen3_omni_gspo"])
+def test_compiled_decoder_trains_as_the_static_one(name, models, omni_data, tmp_path):
     """`generation.decoder=compiled` (the decode step through torch.compile, inside the trainer's FSDP2-wrapped
     network, unsharded for the generation) samples the static decoder's responses and trains to the same metrics
-    (float32: within the compiled kernels' rounding), and it did compile (dynamo's graph count)."""
+    (float32: within the compiled kernels' rounding), and it did compile (dynamo's graph count); on a dense model and
+    on the omni thinker (routed experts, media prompts)."""
     from torch._dynamo.utils import counters
 
     runs = {}
     for decoder in ("static", "compiled"):
         counters.clear()
-        main(recipe_config("choice_gspo", models, omni_data, tmp_path / decoder, f"generation.decoder={decoder}"))
-        run = tmp_path / decoder / "choice_gspo"
+        main(recipe_config(name, models, omni_data, tmp_path / decoder, f"generation.decoder={decoder}"))
+        run = tmp_path / decoder / name
         runs[decoder] = without_timing(read_metrics(run / "metrics.jsonl")), (run / "samples" / "step_000002.jsonl")
     assert counters["stats"]["unique_graphs"] > 0  # the compiled run's decode step
     (a, samples_a), (b, samples_b) = runs["static"], runs["compiled"]

@@ -5,6 +5,8 @@ model-free math in `diffusion/` and `algorithms/`. Parallelism and LoRA are appl
 `policy.transformer` from outside (`engine/`, `models/lora.py`), never inside an adapter.
 """
 
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -65,6 +67,22 @@ class DiffusionPolicy(Protocol):
         ...
 
 
+@dataclass
+class Prefill:
+    """Prompts (B, P) run through a network's own forward, for the static decoder (`rollout.decode.generate`)
+    to continue."""
+
+    logits: torch.Tensor
+    """(B, V) float32 logits of the first new token (`qwen3.head_logits`)."""
+    keys: list[torch.Tensor]
+    """Per layer (B, KV, P, D): the cached keys (normed and rotated), in the cache's dtype."""
+    values: list[torch.Tensor]
+    """Per layer (B, KV, P, D): the cached values."""
+    position: torch.Tensor
+    """The first new token's rotary position ids, shaped as the network's rotary embedding takes them: (B, 1), or
+    (3, B, 1) for M-RoPE (one per axis)."""
+
+
 class LanguagePolicy(Protocol):
     """A causal language model (plain or omni-modal) as trainers see it. Prompts are chat messages:
     `[{"role": "user", "content": "text" or [{"type": "text"|"image"|"audio"|"video", ...}]}]`, media
@@ -84,8 +102,6 @@ class LanguagePolicy(Protocol):
     """Padding id of prompts (left) and responses (right)."""
     frozen: list[nn.Module]
     """Parts of `transformer` that never train (media towers); kept frozen under full fine-tuning too."""
-    static_decoding: bool
-    """`transformer` is a dense Qwen3-family causal LM that `rollout.decode` can sample from (text only)."""
 
     def to(self, device: torch.device) -> "LanguagePolicy":
         """Move the frozen components (media towers of an unsharded model) to the device; returns self.
@@ -114,6 +130,15 @@ class LanguagePolicy(Protocol):
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers of `transformer`, the units for sharding and checkpointing."""
+        ...
+
+    def generating(self) -> AbstractContextManager:
+        """Settings that hold while a batch is generated, by either decoder (the omni thinker's decode experts)."""
+        ...
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, media: list | None) -> Prefill | None:
+        """For the static decoder: left-padded prompts (B, P) through the network's own forward where the decoder
+        cannot run them (media, 3-D rotary positions); None where it can (text-only dense models)."""
         ...
 
 

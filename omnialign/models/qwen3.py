@@ -9,6 +9,7 @@ one it reads) and records the sampling log-prob of every generated token from th
 divided by the temperature as training does; 0 after a row's stop token.
 """
 
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 from omnialign.config import ModelConfig
+from omnialign.models.base import Prefill
 
 CHUNK = 256  # positions per float32 head chunk
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -113,7 +115,6 @@ class CausalLMPolicy:
     """`LanguagePolicy` over a transformers causal LM (Qwen3 and its relatives); text only."""
 
     lora_targets = ATTENTION
-    static_decoding = True
     frozen: list[nn.Module] = []
     banned_token_ids: list[int] = []
     """Token ids a response may not hold (media placeholders): suppressed in generation, no mass in log-probs."""
@@ -173,6 +174,12 @@ class CausalLMPolicy:
 
     def media_inputs(self, media: list | None, device: torch.device) -> dict:
         return {}
+
+    def generating(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, media: list | None) -> Prefill | None:
+        return None  # text: the static decoder runs the prompts itself
 
     @torch.no_grad()
     def generate(

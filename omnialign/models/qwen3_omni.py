@@ -14,6 +14,9 @@ trained elsewhere: targets naming expert or router modules are refused.
 """
 
 import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,7 @@ from torch import nn
 from transformers import (
     AutoConfig,
     AutoTokenizer,
+    DynamicCache,
     Qwen3OmniMoeForConditionalGeneration,
     Qwen3OmniMoeThinkerForConditionalGeneration,
     WhisperFeatureExtractor,
@@ -37,7 +41,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from omnialign.config import ModelConfig
-from omnialign.models.qwen3 import ATTENTION, CausalLMPolicy
+from omnialign.models.base import Prefill
+from omnialign.models.qwen3 import ATTENTION, CausalLMPolicy, head_logits
 
 SAMPLE_RATE = 16000
 MOE_NAMES = re.compile(r"(^|\.)(experts|gate|gate_proj|up_proj|down_proj|gate_up_proj|shared_expert\w*)$")
@@ -141,8 +146,6 @@ def _expand(text: str, token: str, counts: list[int], kind: str) -> str:
 class OmniThinkerPolicy(CausalLMPolicy):
     """`LanguagePolicy` over `Qwen3OmniMoeThinkerForConditionalGeneration`."""
 
-    static_decoding = False  # MoE layers, M-RoPE and media towers: transformers' generate samples it
-
     def __init__(self, transformer: nn.Module, tokenizer, image_processor, feature_extractor):
         super().__init__(transformer, tokenizer)
         self.image_processor, self.feature_extractor = image_processor, feature_extractor
@@ -159,17 +162,47 @@ class OmniThinkerPolicy(CausalLMPolicy):
         prefix = next(name for name, m in transformer.named_modules() if m is layers)
         self.lora_targets = [f"{prefix}.{i}.self_attn.{p}" for i in range(len(layers)) for p in ATTENTION]
 
-    def generate(
-        self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, options: dict
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`CausalLMPolicy.generate` with the experts of `dense_decode_experts`; the training, old-policy and
-        reference forwards keep the network's own, so that their log-probs agree bit for bit."""
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        """The experts of `dense_decode_experts` for a generation; the training, old-policy and reference forwards
+        keep the network's own, so that their log-probs agree bit for bit."""
         own = self.transformer.get_experts_implementation()
         self.transformer.set_experts_implementation("dense_decode")
         try:
-            return super().generate(ids, mask, media, options)
+            yield
         finally:
             self.transformer.set_experts_implementation(own)
+
+    def generate(
+        self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, options: dict
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.generating():
+            return super().generate(ids, mask, media, options)
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, media: list | None) -> Prefill:
+        """The prompts through the thinker's own forward (towers, deepstack, M-RoPE), as training runs them, into a
+        cache; the first new token's rotary position is one past the prompt's largest, alike on the three M-RoPE axes
+        (as transformers continues a prompt)."""
+        inputs = self.media_inputs(media, ids.device)
+        features = inputs.get("feature_attention_mask")
+        positions, _ = self.transformer.get_rope_index(
+            ids, inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), mask, False,
+            None if features is None else features.sum(-1), inputs.get("video_second_per_grid"),
+        )  # fmt: skip
+        cache = DynamicCache()
+        head = self.transformer.get_output_embeddings()
+        head.forward = lambda hidden: head_logits(hidden[:, -1], head.weight)[:, None]
+        try:
+            with warnings.catch_warnings():  # transformers 5.24 names it `cache`; 5.17 (the lowest supported) not
+                warnings.filterwarnings("ignore", "`past_key_values` is deprecated", FutureWarning)
+                out = self.transformer(input_ids=ids, attention_mask=mask, **inputs, past_key_values=cache,
+                                       use_cache=True)  # fmt: skip
+        finally:
+            del head.forward
+        last = positions.masked_fill(~mask.bool(), 0).amax((0, 2))
+        return Prefill(out.logits[:, -1], [layer.keys for layer in cache.layers],
+                       [layer.values for layer in cache.layers], (last[:, None] + 1).repeat(3, 1, 1))  # fmt: skip
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers, then each tower whole: generation runs the towers outside the network's forward,

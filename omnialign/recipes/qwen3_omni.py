@@ -20,6 +20,9 @@ def qwen3_omni_grpo() -> Config:
     c.generation.max_new_tokens = 512
     c.generation.temperature = 1.0
     c.generation.micro_batch_size = 32
+    # omnialign's decoder runs the thinker too (static, compiled): equal to `generate` on the CPU under transformers
+    # 5.17 and 5.24 (tests/test_language.py); the recipes keep `generate` until its GPU check and benchmark (issue 32)
+    c.generation.decoder = "transformers"
     c.reward.weights = {"choice": 1.0}
     c.algorithm.name = "grpo"
     c.algorithm.clip_range = 0.2

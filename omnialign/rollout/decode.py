@@ -1,7 +1,9 @@
-"""Fast sampling from a dense Qwen3-family causal LM: a static KV cache, one batched prefill, and a decode step
-captured as a CUDA graph and replayed for every token (on a GPU; eager elsewhere). A step attends to the cache's
-first multiple of BUCKET slots that holds its own, so early tokens of a long generation do not read the empty
-tail; one graph is captured per such reach.
+"""Fast sampling from a Qwen3-family causal LM: a static KV cache, one batched prefill, and a decode step captured
+as a CUDA graph and replayed for every token (on a GPU; eager elsewhere). A step attends to the cache's first
+multiple of BUCKET slots that holds its own, so early tokens of a long generation do not read the empty tail; one
+graph is captured per such reach. The Qwen3-Omni thinker's layers are the same but for their routed experts, which a
+step runs as their own module; its prompts (media, 3-D rotary positions) come prefilled by its own forward
+(`Prefill`), and its decode steps rotate at the positions past them.
 
 transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an
 H200 far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs
@@ -28,6 +30,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
+from omnialign.models.base import Prefill
 from omnialign.models.qwen3 import head_logits
 
 CHECK_EVERY = 8  # tokens between the (host-syncing) checks whether every row has stopped
@@ -35,9 +38,10 @@ BUCKET = 128  # cache slots by which a decode step's attention grows
 
 
 def merged_weights(net: nn.Module) -> list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]]:
-    """Per decoder layer, its projections as four (weight, bias) pairs: "qkv" (q, k and v stacked), "o_proj",
-    "gate_up" (gate and up stacked) and "down_proj", each projection with its active LoRA adapters folded in,
-    W + s·B·A (summed in float32, kept in W's dtype). A projection without adapters contributes its own weight."""
+    """Per decoder layer, its projections as (weight, bias) pairs: "qkv" (q, k and v stacked), "o_proj", and for a
+    dense MLP "gate_up" (gate and up stacked) and "down_proj", each projection with its active LoRA adapters folded
+    in, W + s·B·A (summed in float32, kept in W's dtype). A projection without adapters contributes its own weight.
+    A mixture of experts (the omni thinker's) has no entries: it runs as its own module."""
 
     def weight(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not isinstance(m, LoraLayer):
@@ -53,10 +57,14 @@ def merged_weights(net: nn.Module) -> list[dict[str, tuple[torch.Tensor, torch.T
         biases = [b for _, b in pairs]
         return torch.cat([w for w, _ in pairs]), None if biases[0] is None else torch.cat(biases)
 
+    def mlp(m: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        if hasattr(m, "experts"):  # a mixture of experts: routed, not four GEMMs
+            return {}
+        return {"gate_up": stacked(m.gate_proj, m.up_proj), "down_proj": weight(m.down_proj)}
+
     return [{"qkv": stacked(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-             "o_proj": weight(layer.self_attn.o_proj),
-             "gate_up": stacked(layer.mlp.gate_proj, layer.mlp.up_proj),
-             "down_proj": weight(layer.mlp.down_proj)} for layer in net.model.layers]  # fmt: skip
+             "o_proj": weight(layer.self_attn.o_proj), **mlp(layer.mlp)}
+            for layer in net.get_decoder().layers]  # fmt: skip
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
@@ -71,15 +79,16 @@ def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: 
              merged: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]] | None) -> torch.Tensor:  # fmt: skip
     """Float32 logits (B, V) of the last of T new tokens.
 
-    ids, positions: (B, T) tokens and their rotary positions; slots: (T,) cache slots they are written to;
-    visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per layer (B, KV, L, D);
-    merged: per layer, the four GEMMs' weights of `merged_weights` (None: the network's own modules)."""
-    model = net.model
+    ids: (B, T) new tokens; positions: their rotary position ids, (B, T) or (3, B, T) for M-RoPE; slots: (T,) cache
+    slots they are written to; visible: (B, 1, T, L) which cache slots each new token attends to; keys/values: per
+    layer (B, KV, L, D); merged: per layer, the GEMMs' weights of `merged_weights` (None: the network's own
+    modules)."""
+    model = net.get_decoder()
     x = model.embed_tokens(ids)
     rope = model.rotary_emb(x, positions)
     batch, length = ids.shape
     head_dim = model.layers[0].self_attn.head_dim
-    q_width, kv_width = net.config.num_attention_heads * head_dim, net.config.num_key_value_heads * head_dim
+    q_width, kv_width = model.config.num_attention_heads * head_dim, model.config.num_key_value_heads * head_dim
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         h = layer.input_layernorm(x)
@@ -103,12 +112,12 @@ def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: 
         o = o.reshape(batch, length, -1)
         x = x + (attn.o_proj(o) if merged is None else F.linear(o, *merged[i]["o_proj"]))
         h = layer.post_attention_layernorm(x)
-        if merged is None:
-            x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+        if merged is None or "gate_up" not in merged[i]:
+            x = x + mlp(h)
         else:
             gate, up = F.linear(h, *merged[i]["gate_up"]).chunk(2, -1)
             x = x + F.linear(mlp.act_fn(gate) * up, *merged[i]["down_proj"])
-    return head_logits(model.norm(x[:, -1]), net.lm_head.weight)
+    return head_logits(model.norm(x[:, -1]), net.get_output_embeddings().weight)
 
 
 def filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -138,45 +147,56 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, g
 @torch.no_grad()
 def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: list[int], pad_id: int,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-             graph: bool | None = None, compiled: bool = False,
-             merge_lora: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+             graph: bool | None = None, compiled: bool = False, merge_lora: bool = True, banned: list[int] = (),
+             prefill: Prefill | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Responses (B, R <= max_new_tokens) to left-padded prompts ids/mask (B, P), padded after their stop token,
     and the float32 log-probs (B, R) of the sampled tokens (0 after the stop token). `graph`: replay the decode step
     as a CUDA graph (default: on a CUDA device). `compiled`: the decode step through `torch.compile` (before the
     capture), which fuses each layer's norms, rotary embedding and residuals (`generation.decoder=compiled`).
     `merge_lora`: each layer's projections as four GEMMs by stacked copies of their weights with the LoRA adapters
-    folded in (`merged_weights`; `generation.merge_lora`), else through the network's modules."""
+    folded in (`merged_weights`; `generation.merge_lora`), else through the network's modules. `banned`: token ids
+    never sampled, with no mass in the recorded log-probs (the training forward's `head_logprobs(banned=...)`).
+    `prefill`: the prompts already run through the network's own forward (`LanguagePolicy.prefill`: the omni
+    thinker's media and 3-D positions), else the decoder runs them."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
     units = [m for m in net.modules() if isinstance(m, FSDPModule)]
     for unit in units:
         unit.unshard()
     try:
-        attn = net.model.layers[0].self_attn
+        model = net.get_decoder()
+        attn = model.layers[0].self_attn
         length = width + max_new_tokens
         # one slot more than is filled, so that every step's view of the cache (below) is strided alike and one
         # compilation serves them all (a view of the whole cache would be contiguous, the others not)
         capacity = length + 1
-        dtype = net.model.embed_tokens.weight.dtype
-        shape = (batch, net.config.num_key_value_heads, capacity, attn.head_dim)
-        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in net.model.layers]
-        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in net.model.layers]
+        dtype = model.embed_tokens.weight.dtype
+        shape = (batch, model.config.num_key_value_heads, capacity, attn.head_dim)
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers]
         # Which slots a token may attend to: the real prompt tokens, then each generated one from its step on.
         # A padding position sees itself too, so that no attention row is empty.
         seen = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         seen[:, :width] = mask.bool()
-        causal = torch.ones(width, capacity, dtype=torch.bool, device=device).tril()
-        visible = (causal & seen[:, None]) | torch.eye(width, capacity, dtype=torch.bool, device=device)
-        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
-        slots = torch.arange(width, device=device)
         merged = merged_weights(net) if merge_lora else None
-        logits = _forward(net, ids, positions, slots, visible[:, None], keys, values, merged)
+        if prefill is None:
+            causal = torch.ones(width, capacity, dtype=torch.bool, device=device).tril()
+            visible = (causal & seen[:, None]) | torch.eye(width, capacity, dtype=torch.bool, device=device)
+            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+            slots = torch.arange(width, device=device)
+            logits = _forward(net, ids, positions, slots, visible[:, None], keys, values, merged)
+            position = positions[:, -1:] + 1
+        else:
+            logits, position = prefill.logits, prefill.position.clone()
+            for buffers, parts in ((keys, prefill.keys), (values, prefill.values)):
+                for buffer, part in zip(buffers, parts):
+                    buffer[:, :, :width].copy_(part)
+        ban = torch.tensor(banned, dtype=torch.long, device=device)
 
         # The decode step reads and writes only these buffers, so it can be captured and replayed. It attends to the
         # cache's first `reach` slots, the first multiple of BUCKET that holds its own (all of them at most): one
         # graph per reach, each captured when first needed, so that early tokens do not read the empty tail.
         token_in = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        position = positions[:, -1:] + 1
         slot = torch.full((1,), width, dtype=torch.long, device=device)
         forward = _forward
         if compiled:
@@ -186,7 +206,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
             # for 8 layers under FSDP2 on a CPU; Qwen3-8B's 36 did not compile within 5 minutes on an H200).
             forward = torch.compile(_forward)
             for t in (token_in, position):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
+                torch._dynamo.maybe_mark_dynamic(t, t.dim() - 2)  # the batch ((3,) B, 1)
         steps, graphs = {}, {}
         # one memory pool for all graphs: the reach only grows, so they replay in the order they were captured
         pool = torch.cuda.graph_pool_handle() if graph else None
@@ -224,6 +244,8 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         tokens, logps = [], []
         for t in range(max_new_tokens):
+            if banned:
+                logits = logits.index_fill(1, ban, float("-inf"))
             token, logp = sample(logits, temperature, top_k, top_p, greedy)
             tokens.append(token.masked_fill(done, pad_id))
             logps.append(logp.masked_fill(done, 0.0))

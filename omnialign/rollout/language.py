@@ -1,11 +1,11 @@
 """Colocated language rollout: the training module samples responses under no_grad into a `TokenBatch`.
 
-Each prompt is encoded once and sampled n times; `generation.micro_batch_size` sequences go through
-`policy.generate` together, each chunk under its own seed (so a step's samples depend only on the
-seed and the step); dense Qwen3 models sample through `decode.generate` (static KV cache, CUDA
-graph) unless generation.decoder=transformers. A response ends at its first stop token or the end of
-its first stop string, whichever comes first; `response_mask` covers it through that point. Greedy
-decoding validates.
+Each prompt is encoded once and sampled n times; `generation.micro_batch_size` sequences are sampled together,
+each chunk under its own seed (so a step's samples depend only on the seed and the step), through `decode.generate`
+(static KV cache, CUDA graph; the omni thinker's prompts first through its own forward, `policy.prefill`), or
+`policy.generate` (transformers' `generate`) with generation.decoder=transformers. A response ends at its first stop
+token or the end of its first stop string, whichever comes first; `response_mask` covers it through that point.
+Greedy decoding validates.
 """
 
 import torch
@@ -105,19 +105,21 @@ def generate(
     responses, log_probs = [], []
     chunk = config.micro_batch_size
     for k, lo in enumerate(tqdm(range(0, len(ids), chunk), desc="generate", leave=False, disable=not progress)):
-        prompt_ids, prompt_mask = left_pad(ids[lo : lo + chunk], policy.pad_token_id)
+        prompt_ids, prompt_mask = (t.to(device) for t in left_pad(ids[lo : lo + chunk], policy.pad_token_id))
+        prompt_media = media[lo : lo + chunk]
         devices = [] if device.index is None else [device.index]
         with torch.random.fork_rng(devices=devices, device_type=device.type):
             torch.manual_seed(seed * 1_000_003 + k)
-            if config.decoder in ("static", "compiled") and policy.static_decoding:
+            if config.decoder in ("static", "compiled"):
                 sampling = (1.0 if greedy else config.temperature, config.top_k, config.top_p, greedy)
-                out, lp = decode.generate(policy.transformer, prompt_ids.to(device), prompt_mask.to(device),
-                                          policy.stop_token_ids, policy.pad_token_id, config.max_new_tokens,
-                                          *sampling, compiled=config.decoder == "compiled",
-                                          merge_lora=config.merge_lora)  # fmt: skip
+                with policy.generating():
+                    prefill = policy.prefill(prompt_ids, prompt_mask, prompt_media)
+                    out, lp = decode.generate(policy.transformer, prompt_ids, prompt_mask, policy.stop_token_ids,
+                                              policy.pad_token_id, config.max_new_tokens, *sampling,
+                                              compiled=config.decoder == "compiled", merge_lora=config.merge_lora,
+                                              banned=policy.banned_token_ids, prefill=prefill)  # fmt: skip
             else:
-                out, lp = policy.generate(prompt_ids.to(device), prompt_mask.to(device), media[lo : lo + chunk],
-                                          options(config, greedy))  # fmt: skip
+                out, lp = policy.generate(prompt_ids, prompt_mask, prompt_media, options(config, greedy))
         lengths = response_lengths(policy, out, config.stop).tolist()
         responses += [row[:n_] for row, n_ in zip(out.cpu(), lengths)]
         log_probs += list(lp.float().cpu())
