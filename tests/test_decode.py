@@ -4,9 +4,7 @@ filters, the recorded log-prob of every token through each row's stop token equa
 padding after it), with and without a seeded LoRA adapter, on several seeds each forcing an early stop; on a GPU the
 same in float32 and in bf16 with realistic logits over every attention kernel the recipes use, eager and graph."""
 
-import importlib.util
 from contextlib import nullcontext
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +17,6 @@ from omnialign.rollout import decode
 from omnialign.rollout.language import left_pad
 
 SAMPLING = (0.7, 20, 0.9)  # temperature, top-k, top-p
-ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -266,49 +263,6 @@ def test_attention_reach_grows_by_buckets(policy, device, monkeypatch):
     buckets of 4 slots (on a GPU a graph captured for each) the tokens and log-probs are those of steps that attend to
     the whole cache."""
     generates_alike(policy, device, monkeypatch, "BUCKET", (4, 10_000), tokens=20, atol=1e-6)
-
-
-def experiments():
-    """benchmarks/decode_experiments.py as a module."""
-    spec = importlib.util.spec_from_file_location("decode_experiments", ROOT / "benchmarks" / "decode_experiments.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_the_fused_sampler_draws_the_eager_samplers_tokens(policy, device, monkeypatch):
-    """benchmarks/decode_experiments.py's `fused` (issue 32's experiment): compiled, with torch.multinomial's one draw
-    written out, it draws `decode.sample`'s tokens from the same generator, unfiltered, filtered and greedy, with the
-    same log-probs to float32 rounding; and a whole generation through it samples the same responses."""
-    fused = experiments().fused
-    logits = (torch.randn(16, 5000, generator=torch.Generator().manual_seed(0)) * 3).to(device)
-    for args in ((0.8, 0, 1.0, False), (*SAMPLING, False), (1.0, 0, 1.0, True)):
-        torch.manual_seed(3)
-        expected = decode.sample(logits, *args)
-        torch.manual_seed(3)
-        token, logp = fused(logits, *args)
-        assert torch.equal(token, expected[0])
-        torch.testing.assert_close(logp, expected[1], atol=1e-5, rtol=0)
-    draws = [fused(logits, 0.8, 0, 1.0, False)[0] for _ in range(2)]
-    assert not torch.equal(*draws)  # it samples
-    generates_alike(policy, device, monkeypatch, "sample", (decode.sample, fused), tokens=12, atol=1e-5)
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_the_reduced_decode_attention_samples_as_sdpa(policy, device, monkeypatch):
-    """benchmarks/decode_experiments.py's `reduced_attention` (issue 32's experiment): SDPA's output within float32
-    rounding with padded and unseen slots masked, and the compiled decoder through it samples the same responses."""
-    reduced = experiments().reduced_attention
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(shape, generator=g).to(device) for shape in ((3, 2, 4, 16), (3, 2, 9, 16), (3, 2, 9, 16)))
-    visible = (torch.rand(3, 1, 1, 9, generator=g) < 0.6).to(device)
-    visible[..., 0] = True
-    expected = decode.decode_attention(q, k, v, visible, 0.25)
-    torch.testing.assert_close(reduced(q, k, v, visible, 0.25), expected, atol=1e-5, rtol=0)
-    assert not torch.allclose(reduced(q, k, v, visible | True, 0.25), expected, atol=1e-3)  # the mask counts
-    generates_alike(policy, device, monkeypatch, "decode_attention", (decode.decode_attention, reduced), tokens=12,
-                    atol=1e-5, compiled=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
