@@ -22,6 +22,8 @@
 #   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
 #   benchmarks/speed_gpu.sh OUT omni_gspo        # qwen3_omni_gspo alone, image rows through the full towers
+#   benchmarks/speed_gpu.sh OUT omni_decoders    # qwen3_omni_gspo, 16 image prompts x 8 generated 128 together,
+#                                                # through each of DECODERS="transformers compiled": goal 5
 # TINY=1 checks a stage on a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8,
 # qwen_goal1 and the fp8 stages: an H100 holds the Qwen-Image recipes' actor micro-batch of 16 in neither precision
 # (SET=actor.micro_batch_size=8).
@@ -94,6 +96,12 @@ for stage in "$@"; do
         done
         ;&
     omni_gspo) bench language omni_gspo qwen3_omni_gspo --towers full --media image --steps 2 ;;
+    omni_decoders)
+        for decoder in ${DECODERS:-transformers compiled}; do
+            bench language "omni_gspo_$decoder" qwen3_omni_gspo --towers full --media image --steps 2 --prompts 16 \
+                --set generation.micro_batch_size=128 generation.decoder="$decoder"
+        done
+        ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac
 done
