@@ -242,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
         help="language (RL): generation.max_new_tokens; decode: tokens sampled",
     )
     be.add_argument("--peak", type=float, default=786.0, help="recipe: bf16 matmul peak TFLOP/s for MFU")
-    be.add_argument("--bandwidth", type=float, default=4.8, help="decode: memory bandwidth TB/s for the bound")
+    be.add_argument("--bandwidth", type=float, help="decode: memory bandwidth TB/s for the bound (default: the "
+                    "card's nominal figure, H100 SXM 3.35, H200 4.8; --tiny: 4.8)")  # fmt: skip
     be.add_argument("--logit-scale", type=float, default=1.0, help="decode: scale the final norm's weight (random "
                     "weights give logits of unit spread, trained models tens) to see the output head's "
                     "rounding")  # fmt: skip

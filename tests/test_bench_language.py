@@ -10,7 +10,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeVisionEncoder,
 )
 
-from omnialign.bench.decode import DECODERS
+from omnialign.bench.decode import DECODERS, nominal_bandwidth
 from omnialign.bench.models import language_policy
 from omnialign.cli import main as cli
 from omnialign.data.language import read_records
@@ -108,5 +108,19 @@ def test_bench_decode_tiny_rows(tmp_path):
     for row in rows[:-1]:
         assert row["batch"] == 4 and 1 <= row["new_tokens"] <= 6 and row["tokens_per_s"] > 0
         assert row["bound_tokens_per_s"] > 0 and row["logprob_gap_max"] < 1e-4, row  # speeds: benchmarks, not tests
+        assert row["bandwidth_tb_s"] == 4.8  # --tiny's stand-in
         assert row["seq_gap_max"] < 1e-4 and row["gspo_clipped"] == 0, row
     assert rows[-1]["logprob_gap_max"] < 1e-4 and rows[-1]["batch"] is None
+
+
+@pytest.mark.parametrize("name, expected", [("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H200", 4.8),
+                                            ("NVIDIA A100-SXM4-80GB", None)])  # fmt: skip
+def test_decode_bound_uses_the_cards_nominal_bandwidth(monkeypatch, name, expected):
+    """`bench decode` without --bandwidth bounds the decode rate by the card's own nominal bandwidth (an H100 run was
+    once read against an H200's), and names the flag for a card it does not know."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+    if expected is None:
+        with pytest.raises(ValueError, match="A100.*--bandwidth"):
+            nominal_bandwidth(torch.device("cuda"))
+    else:
+        assert nominal_bandwidth(torch.device("cuda")) == expected

@@ -10,7 +10,8 @@ step: `first_two_s`), each the faster of two calls; tokens/s overall and of the 
 over the time beyond the two), their share of the memory-bandwidth bound, the largest and mean gap between the
 recorded log-probs and the training forward's (`token_logprobs` on the sampled sequences), peak memory. The bound:
 every step reads the weights (less the input embedding table, of which it reads B rows) and the keys and values of
-the mean context (prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (4.8 for an H200): B x bandwidth / bytes per step.
+the mean context (prompt + (N + 1) / 2) once, at `--bandwidth` TB/s (by default the card's nominal figure,
+`NOMINAL_TB_S`; 4.8 for `--tiny`, whose figures check the code, not the speed): B x bandwidth / bytes per step.
 `--profile DIR`: then each static decoder of the run (eager, graph, compiled) under the torch profiler
 (`bench.profile`) twice, for 2 tokens (the prefill, the capture and the first step; DIR/KEY/tokens_2) and for 18
 (DIR/KEY/tokens_18);
@@ -73,8 +74,21 @@ DECODERS = {
 """`--decoders` keys and the names their rows carry."""
 
 
+NOMINAL_TB_S = {"H200": 4.8, "H100 80GB HBM3": 3.35}
+"""Nominal memory bandwidth, TB/s, of the cards the benches ran on, by a part of the CUDA device name."""
+
+
+def nominal_bandwidth(device: torch.device) -> float:
+    """The card's nominal memory bandwidth (TB/s) from `NOMINAL_TB_S`; ValueError for another card."""
+    name = torch.cuda.get_device_name(device)
+    found = [tb for part, tb in NOMINAL_TB_S.items() if part in name]
+    if not found:
+        raise ValueError(f"bench decode: no nominal memory bandwidth known for {name!r}: give --bandwidth TB/s")
+    return found[0]
+
+
 def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_new_tokens: int,
-                 bandwidth: float, logit_scale: float = 1.0, profile: Path | None = None,
+                 bandwidth: float | None = None, logit_scale: float = 1.0, profile: Path | None = None,
                  decoders: list[str] | None = None) -> list[dict]:  # fmt: skip
     """The `decoders` (keys of DECODERS; default all) side by side on one Qwen3 of `model_size` with random weights
     (bf16; `--tiny`: the tiny twin in float32 on the CPU), the final norm's weight times `logit_scale` (realistic
@@ -106,6 +120,7 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
         weights -= net.model.embed_tokens.weight.numel() * net.model.embed_tokens.weight.element_size()
     mean_len = prompt_len + (max_new_tokens + 1) / 2
     kv = 2 * layers * kv_heads * net.config.head_dim * 2 * batch * mean_len  # bf16 keys and values
+    bandwidth = bandwidth or (nominal_bandwidth(device) if cuda else 4.8)
     bound = batch * bandwidth * 1e12 / (weights + kv)
     rows = []
     for key in decoders or DECODERS:
@@ -137,7 +152,8 @@ def bench_decode(batch: int, tiny: bool, model_size: str, prompt_len: int, max_n
         row = {"decoder": name, "model": f"qwen3-{'tiny' if tiny else model_size}", "batch": batch,
                "prompt_len": prompt_len, "new_tokens": out.shape[1], "seconds": round(total, 3),
                "first_two_s": round(first, 3), "tokens_per_s": round(batch * out.shape[1] / total, 1),
-               "decode_tokens_per_s": decode_tps and round(decode_tps, 1), "bound_tokens_per_s": round(bound, 1),
+               "decode_tokens_per_s": decode_tps and round(decode_tps, 1), "bandwidth_tb_s": bandwidth,
+               "bound_tokens_per_s": round(bound, 1),
                "share_of_bound": decode_tps and round(decode_tps / bound, 3), **gaps,
                "peak_alloc_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None}  # fmt: skip
         rows.append(row)
