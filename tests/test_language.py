@@ -3,6 +3,7 @@
 import json
 import math
 import wave
+import weakref
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from omnialign.export import write_adapter
 from omnialign.metrics import read_metrics, without_timing
 from omnialign.models import lora, qwen3, qwen3_omni, tiny
 from omnialign.recipes import RECIPES
-from omnialign.rollout.language import generate, response_lengths
+from omnialign.rollout import decode
+from omnialign.rollout.language import generate, left_pad, response_lengths
 from omnialign.train import main
 from omnialign.trainer.language_objectives import pair_scores
 
@@ -143,6 +145,19 @@ def test_tiny_thinker_static_decoder_continues_media_prompts_as_transformers_gen
         out[name], _ = generate(policy, prompts, 1, torch.arange(3), config, torch.device(device), 0, greedy=True)
     assert torch.equal(out[decoder].response_ids, out["transformers"].response_ids)
     torch.testing.assert_close(out[decoder].log_probs, out["transformers"].log_probs, atol=1e-5, rtol=0)
+
+
+def test_static_decoder_frees_the_thinkers_prefill_cache_once_copied(models):
+    """The prompts' keys and values from the thinker's own forward live on only in the decoder's static cache: the
+    prefill's copies are freed once copied (on a 30B thinker with media prompts they are gigabytes)."""
+    policy = qwen3_omni.load(ModelConfig(arch="qwen3_omni", path=str(models["qwen3_omni"])))
+    ids, mask = left_pad(policy.encode([[{"role": "user", "content": "Hi there"}]])[0] * 2, policy.pad_token_id)
+    with policy.generating():
+        prefill = policy.prefill(ids, mask, None)
+        cached = [weakref.ref(t) for t in prefill.keys + prefill.values]
+        assert len(cached) == 2 * len(policy.language_model.layers) and all(r() is not None for r in cached)
+        decode.generate(policy.transformer, ids, mask, policy.stop_token_ids, policy.pad_token_id, 3, prefill=prefill)
+    assert all(r() is None for r in cached)
 
 
 def test_omni_responses_hold_no_media_tokens_even_where_the_head_prefers_them(models, tmp_path):

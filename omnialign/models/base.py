@@ -75,7 +75,8 @@ class Prefill:
     logits: torch.Tensor
     """(B, V) float32 logits of the first new token (`qwen3.head_logits`)."""
     keys: list[torch.Tensor]
-    """Per layer (B, KV, P, D): the cached keys (normed and rotated), in the cache's dtype."""
+    """Per layer (B, KV, P, D): the cached keys (normed and rotated), in the cache's dtype. `generate` empties this
+    list and `values` once it has copied them."""
     values: list[torch.Tensor]
     """Per layer (B, KV, P, D): the cached values."""
     position: torch.Tensor

@@ -191,6 +191,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
             for buffers, parts in ((keys, prefill.keys), (values, prefill.values)):
                 for buffer, part in zip(buffers, parts):
                     buffer[:, :, :width].copy_(part)
+                parts.clear()  # the prefill's cache is not needed twice
         ban = torch.tensor(banned, dtype=torch.long, device=device)
 
         # The decode step reads and writes only these buffers, so it can be captured and replayed. It attends to the
