@@ -160,11 +160,12 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
     thinker's media and 3-D positions), else the decoder runs them."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
-    units = [m for m in net.modules() if isinstance(m, FSDPModule)]
+    model = net.get_decoder()
+    # the sharded units the decode steps read: the root (embeddings, head) and the text stack's, not media towers
+    units = [m for m in (net, *model.modules()) if isinstance(m, FSDPModule)]
     for unit in units:
         unit.unshard()
     try:
-        model = net.get_decoder()
         attn = model.layers[0].self_attn
         length = width + max_new_tokens
         # one slot more than is filled, so that every step's view of the cache (below) is strided alike and one
