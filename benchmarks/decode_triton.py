@@ -5,7 +5,8 @@ The compiled step spends 3.05 ms a step in attention at batch 128 on an H200, ag
 take at 4.8 TB/s (BENCHMARKS.md, "Language decoding"); FlexAttention was seven times slower, inductor's own products
 and sums twice. `triton_attention` runs one program per (row, key/value head): the G query heads sharing that
 key/value head are its query rows (padded to 16 for the tensor cores), and it streams the row's keys and values once
-in blocks of BLOCK slots with an online softmax in float32 (scores, running maximum and sum, the output), the
+in blocks of BLOCK slots (autotuned with the warps and pipeline stages, per cache length) with an online softmax in
+float32 (scores, running maximum and sum, the output), the
 probabilities cast to the values' dtype for their product, as flash attention does. A masked slot scores -inf; a
 block of nothing but masked slots leaves the running state as it was (the running maximum starts finite).
 
@@ -19,6 +20,7 @@ Side by side, one call:
 On a CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1 before this module is loaded), for the tests.
 """
 
+import os
 import sys
 
 import torch
@@ -27,7 +29,6 @@ import triton.language as tl
 
 from omnialign.rollout import decode
 
-BLOCK = 64  # key/value slots per step of a program's loop
 ROWS = 16  # query rows of a program's tile: tl.dot's least
 
 
@@ -69,6 +70,13 @@ def _attention(q, k, v, visible, out, scale, length, stride_qb, stride_qh, strid
              (acc / total[:, None]).to(out.dtype.element_ty), mask=g[:, None] < G)  # fmt: skip
 
 
+CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages)
+           for block in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]  # fmt: skip
+tuned = triton.autotune(CONFIGS, key=["length", "D"])(_attention)
+"""The kernel autotuned (on a GPU; the interpreter cannot time configurations, and runs BLOCK=64)."""
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
                      scale: float) -> torch.Tensor:  # fmt: skip
     """`decode.decode_attention` as one Triton kernel: q (B, KV, G, D), k/v (B, KV, L, D) (the last dimension
@@ -76,11 +84,14 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     batch, heads, groups, dim = q.shape
     out = torch.empty_like(q)
     mask = visible.view(torch.uint8)
-    _attention[(batch, heads)](q, k, v, mask, out, scale, k.shape[2], q.stride(0), q.stride(1), q.stride(2),
-                               k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                               mask.stride(0), mask.stride(3), out.stride(0), out.stride(1), out.stride(2), G=groups,
-                               D=dim, ROWS=max(ROWS, triton.next_power_of_2(groups)), BLOCK=BLOCK,
-                               IEEE=q.dtype == torch.float32)  # fmt: skip
+    args = (q, k, v, mask, out, scale, k.shape[2], q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+            k.stride(2), v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(3), out.stride(0),
+            out.stride(1), out.stride(2))  # fmt: skip
+    shapes = dict(G=groups, D=dim, ROWS=max(ROWS, triton.next_power_of_2(groups)), IEEE=q.dtype == torch.float32)
+    if INTERPRETED:
+        _attention[(batch, heads)](*args, **shapes, BLOCK=64)
+    else:
+        tuned[(batch, heads)](*args, **shapes)
     return out
 
 
@@ -114,3 +125,4 @@ if __name__ == "__main__":
         from omnialign.cli import main
 
         main(sys.argv[1:])
+        print("autotuned:", tuned.best_config)
