@@ -9,7 +9,8 @@ one it reads) and records the sampling log-prob of every generated token from th
 divided by the temperature as training does; 0 after a row's stop token.
 """
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -90,6 +91,18 @@ def head_logprobs(
         h, t = hidden[:, lo : lo + chunk], targets[:, lo : lo + chunk]
         parts.append(checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled() else piece(h, t))
     return torch.cat(parts, dim=1) if parts else hidden.new_zeros(targets.shape, dtype=torch.float32)
+
+
+@contextmanager
+def last_logits_head(net: nn.Module) -> Iterator[None]:
+    """The network's output head replaced, for the block, by the float32 logits (`head_logits`) of the last position
+    alone, (B, 1, V): inside the network's forward, where a sharded network's head weight is gathered."""
+    head = net.get_output_embeddings()
+    head.forward = lambda hidden: head_logits(hidden[:, -1], head.weight)[:, None]
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 class _LogProbRecorder(LogitsProcessor):
@@ -186,17 +199,13 @@ class CausalLMPolicy:
         self, ids: torch.Tensor, mask: torch.Tensor, media: list | None, options: dict
     ) -> tuple[torch.Tensor, torch.Tensor]:
         recorder = _LogProbRecorder(options.get("temperature", 1.0))
-        head = self.transformer.get_output_embeddings()
-        head.forward = lambda hidden: head_logits(hidden[:, -1], head.weight)[:, None]  # inside the (sharded) forward
-        try:
+        with last_logits_head(self.transformer):
             out = self.transformer.generate(
                 input_ids=ids, attention_mask=mask, **self.media_inputs(media, ids.device), **options,
                 eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id, tokenizer=self.tokenizer,
                 logits_processor=LogitsProcessorList([recorder]), use_cache=True, repetition_penalty=1.0,
                 suppress_tokens=self.banned_token_ids or None,
             )  # fmt: skip
-        finally:
-            del head.forward
         response = out[:, ids.shape[1] :]
         is_stop = torch.isin(response, torch.tensor(self.stop_token_ids, device=response.device)).long()
         return response, recorder.result(response).masked_fill(is_stop.cumsum(1) - is_stop > 0, 0.0)

@@ -42,7 +42,7 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_fe
 
 from omnialign.config import ModelConfig
 from omnialign.models.base import Prefill
-from omnialign.models.qwen3 import ATTENTION, CausalLMPolicy, head_logits
+from omnialign.models.qwen3 import ATTENTION, CausalLMPolicy, last_logits_head
 
 SAMPLE_RATE = 16000
 MOE_NAMES = re.compile(r"(^|\.)(experts|gate|gate_proj|up_proj|down_proj|gate_up_proj|shared_expert\w*)$")
@@ -182,8 +182,9 @@ class OmniThinkerPolicy(CausalLMPolicy):
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, media: list | None) -> Prefill:
         """The prompts through the thinker's own forward (towers, deepstack, M-RoPE), as training runs them, into a
-        cache; the first new token's rotary position is one past the prompt's largest, alike on the three M-RoPE axes
-        (as transformers continues a prompt)."""
+        cache, at the M-RoPE positions the forward would compute (computed once here, for the next one too); the
+        first new token's rotary position is one past the prompt's largest, alike on the three M-RoPE axes (as
+        transformers continues a prompt)."""
         inputs = self.media_inputs(media, ids.device)
         features = inputs.get("feature_attention_mask")
         positions, _ = self.transformer.get_rope_index(
@@ -191,15 +192,11 @@ class OmniThinkerPolicy(CausalLMPolicy):
             None if features is None else features.sum(-1), inputs.get("video_second_per_grid"),
         )  # fmt: skip
         cache = DynamicCache()
-        head = self.transformer.get_output_embeddings()
-        head.forward = lambda hidden: head_logits(hidden[:, -1], head.weight)[:, None]
-        try:
-            with warnings.catch_warnings():  # transformers 5.24 names it `cache`; 5.17 (the lowest supported) not
-                warnings.filterwarnings("ignore", "`past_key_values` is deprecated", FutureWarning)
-                out = self.transformer(input_ids=ids, attention_mask=mask, **inputs, past_key_values=cache,
-                                       use_cache=True)  # fmt: skip
-        finally:
-            del head.forward
+        with last_logits_head(self.transformer), warnings.catch_warnings():
+            # transformers 5.24 names it `cache`; 5.17 (the lowest supported) knows only this name
+            warnings.filterwarnings("ignore", "`past_key_values` is deprecated", FutureWarning)
+            out = self.transformer(input_ids=ids, attention_mask=mask, **inputs, position_ids=positions,
+                                   past_key_values=cache, use_cache=True)  # fmt: skip
         last = positions.masked_fill(~mask.bool(), 0).amax((0, 2))
         return Prefill(out.logits[:, -1], [layer.keys for layer in cache.layers],
                        [layer.values for layer in cache.layers], (last[:, None] + 1).repeat(3, 1, 1))  # fmt: skip
