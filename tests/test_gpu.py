@@ -354,6 +354,11 @@ def test_gspo_at_full_size(recipe, size, lora, decoder, tmp_path):
     trainer, policy, _ = language_trainer(recipe, 4, False, tmp_path, extra, model_size=size, max_new_tokens=64)
     assert trainer.config.algorithm.old_log_probs == "auto"
     before = snapshot(policy.transformer)
+    if decoder == "compiled" and torch.cuda.get_device_properties(0).total_memory < 90 * 2**30:
+        # the thinker's text stack unsharded beside its shards, 2 x 56 GiB: an 80 GB card refuses with the fix
+        with pytest.raises(torch.OutOfMemoryError, match=r"unsharded \(5\d\.\d GiB\).*generation.decoder=transformers"):
+            trainer.train_step(1)
+        return
     metrics = trainer.train_step(1)
     assert_stepped(policy.transformer, before, metrics)
     assert float(metrics["rollout/response_length"]) > 0

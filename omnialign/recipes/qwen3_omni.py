@@ -20,8 +20,9 @@ def qwen3_omni_grpo() -> Config:
     c.generation.max_new_tokens = 512
     c.generation.temperature = 1.0
     c.generation.micro_batch_size = 32
-    # omnialign's decoder runs the thinker too (static, compiled): equal to `generate` on the CPU under transformers
-    # 5.17 and 5.24 (tests/test_language.py); the recipes keep `generate` until its GPU check and benchmark (issue 32)
+    # omnialign's decoder runs the thinker too (static, compiled; equal to `generate` on the CPU and the GPU), but it
+    # holds the whole text stack unsharded, 56 GiB for the 30B-A3B thinker, beside its shards: on one 80 GB card it
+    # runs out of memory (an H100, 2026-12-06), so the recipes gather one layer at a time through `generate`
     c.generation.decoder = "transformers"
     c.reward.weights = {"choice": 1.0}
     c.algorithm.name = "grpo"

@@ -163,9 +163,17 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
     model = net.get_decoder()
     # the sharded units the decode steps read: the root (embeddings, head) and the text stack's, not media towers
     units = [m for m in (net, *model.modules()) if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.unshard()
     try:
+        try:
+            for unit in units:
+                unit.unshard()
+        except torch.OutOfMemoryError as error:
+            size = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+            raise torch.OutOfMemoryError(
+                f"generation.decoder: omnialign's decoder holds the whole text stack unsharded ({size:.1f} GiB) "
+                "beside its shards, more than this device has free; set generation.decoder=transformers (`generate` "
+                "gathers one layer at a time) or shard the model over more GPUs"
+            ) from error
         attn = model.layers[0].self_attn
         length = width + max_new_tokens
         # one slot more than is filled, so that every step's view of the cache (below) is strided alike and one
