@@ -83,9 +83,8 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     contiguous), visible (B, 1, 1, L) bool -> (B, KV, G, D) in q's dtype."""
     batch, heads, groups, dim = q.shape
     out = torch.empty_like(q)
-    mask = visible.view(torch.uint8)
-    args = (q, k, v, mask, out, scale, k.shape[2], q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-            k.stride(2), v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(3), out.stride(0),
+    args = (q, k, v, visible, out, scale, k.shape[2], q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+            k.stride(2), v.stride(0), v.stride(1), v.stride(2), visible.stride(0), visible.stride(3), out.stride(0),
             out.stride(1), out.stride(2))  # fmt: skip
     shapes = dict(G=groups, D=dim, ROWS=max(ROWS, triton.next_power_of_2(groups)), IEEE=q.dtype == torch.float32)
     if INTERPRETED:
