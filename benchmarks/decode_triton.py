@@ -51,9 +51,10 @@ def _attention(q, k, v, visible, out, scale, length, stride_qb, stride_qh, strid
         keys = tl.load(k + row * stride_kb + head * stride_kh + n[:, None] * stride_kl + d[None, :],
                        mask=inside[:, None], other=0.0)  # fmt: skip
         if IEEE:  # float32 operands multiplied as float32, not TF32 (the tiny twins' tests)
-            scores = tl.dot(query, tl.trans(keys), input_precision="ieee") * scale
+            scores = tl.dot(query, tl.trans(keys), input_precision="ieee")
         else:
-            scores = tl.dot(query, tl.trans(keys)) * scale
+            scores = tl.dot(query, tl.trans(keys))
+        scores = (scores * scale).to(tl.float32)  # under torch.compile the scale arrives as a float64
         scores = tl.where(seen[None, :], scores, float("-inf"))
         new_top = tl.maximum(top, tl.max(scores, 1))
         probs = tl.exp(scores - new_top[:, None])
