@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from omnialign.config import ModelConfig
+from omnialign.engine import dist, fsdp
 from omnialign.models import lora, qwen3, tiny
 from omnialign.rollout import decode
 from omnialign.rollout.language import left_pad
@@ -84,6 +86,35 @@ def check_against_training(policy, decoder: str, seed: int, device: str = "cpu",
     with torch.no_grad():
         expected = policy.token_logprobs(full, torch.cat([mask, keep.long()], 1), None, ids.shape[1], SAMPLING[0])
     return {"recorded": lp[keep], "training": expected[keep], "out": out}
+
+
+def test_a_world_of_one_reads_its_shards_in_place(path, monkeypatch):
+    """Sharded by FSDP2 over one rank as the trainer shards it (bf16 weights, float32 LoRA adapters, computing in
+    bf16), the decoder reads each bf16 weight where its shard lies, not a gathered copy, and casts the float32
+    adapters: it samples the tokens and log-probs it samples from FSDP's own unsharded weights, bit for bit, and
+    leaves the network sharded."""
+    policy = qwen3.load(ModelConfig(arch="qwen3", path=path, dtype="bfloat16"))
+    net = policy.transformer
+    adapt(net, 0)
+    down = net.model.layers[0].mlp.down_proj  # a bf16 weight the decoder reads through its module
+    units = [net, *fsdp.shard(net, list(net.model.layers), fsdp.mesh(dist.init()), torch.bfloat16).model.layers]
+    shard = down.weight.to_local().data_ptr()
+    read = []
+    attention = decode.decode_attention
+    monkeypatch.setattr(decode, "decode_attention", lambda *a: read.append(down.weight.data_ptr()) or attention(*a))
+    ids, mask = prompts(policy)
+    outputs = []
+    for gathered in (False, True):
+        if gathered:
+            for unit in units:
+                unit.unshard()
+        torch.manual_seed(0)
+        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 8, *SAMPLING,
+                                       dtype=torch.bfloat16))  # fmt: skip
+        assert isinstance(down.weight, DTensor) and down.weight.to_local().data_ptr() == shard
+    assert set(read[: len(read) // 2]) == {shard} and shard not in read[len(read) // 2 :]
+    (a, lp_a), (b, lp_b) = outputs
+    assert lp_a.dtype == torch.float32 and torch.equal(a, b) and torch.equal(lp_a, lp_b)
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.8), (7, 0.6)])
