@@ -24,6 +24,7 @@
 #   benchmarks/speed_gpu.sh OUT omni_gspo        # qwen3_omni_gspo alone, image rows through the full towers
 #   benchmarks/speed_gpu.sh OUT omni_decoders    # qwen3_omni_gspo, 16 image prompts x 8 generated 128 together,
 #                                                # through each of DECODERS="transformers compiled": goal 5
+#                                                # (OMNI_MICRO_BATCH=64 for 64 at a time)
 # TINY=1 checks a stage on a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8,
 # qwen_goal1 and the fp8 stages: an H100 holds the Qwen-Image recipes' actor micro-batch of 16 in neither precision
 # (SET=actor.micro_batch_size=8).
@@ -99,7 +100,7 @@ for stage in "$@"; do
     omni_decoders)
         for decoder in ${DECODERS:-transformers compiled}; do
             bench language "omni_gspo_$decoder" qwen3_omni_gspo --towers full --media image --steps 2 --prompts 16 \
-                --set generation.micro_batch_size=128 generation.decoder="$decoder"
+                --set generation.micro_batch_size=${OMNI_MICRO_BATCH:-128} generation.decoder="$decoder"
         done
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;
