@@ -175,8 +175,8 @@ class GenerationConfig:
     the omni thinker's prompts first through its own forward, `policy.prefill`); compiled: the same with the decode
     step through `torch.compile` first (1.4x the tokens/s of static for Qwen3-8B on an H200; a GSPO rollout of 64
     samples on Qwen3-8B LoRA 5.0 s against 7.2 s, BENCHMARKS.md; its first generation compiles, 30-80 s for
-    Qwen3-8B; both read the whole text stack for the whole generation: over one rank its shards in place, over
-    several a gathered copy beside them); transformers: `generate`, which gathers one layer at a time (the omni
+    Qwen3-8B; both read the whole text stack for the whole generation, gathered where sharded: over one rank only
+    the trained weights are, `fsdp.shard`); transformers: `generate`, which gathers one layer at a time (the omni
     recipes' setting until the static decoder's in-place read runs the 30B-A3B thinker on a GPU)."""
     merge_lora: bool = True
     """static and compiled decoders: a layer's seven projections run as four GEMMs by copies of their weights, q/k/v

@@ -4,6 +4,7 @@ filters, the recorded log-prob of every token through each row's stop token equa
 padding after it), with and without a seeded LoRA adapter, on several seeds each forcing an early stop; on a GPU the
 same in float32 and in bf16 with realistic logits over every attention kernel the recipes use, eager and graph."""
 
+import copy
 import importlib.util
 import sys
 from contextlib import nullcontext
@@ -88,33 +89,32 @@ def check_against_training(policy, decoder: str, seed: int, device: str = "cpu",
     return {"recorded": lp[keep], "training": expected[keep], "out": out}
 
 
-def test_a_world_of_one_reads_its_shards_in_place(path, monkeypatch):
-    """Sharded by FSDP2 over one rank as the trainer shards it (bf16 weights, float32 LoRA adapters, computing in
-    bf16), the decoder reads each bf16 weight where its shard lies, not a gathered copy, and casts the float32
-    adapters: it samples the tokens and log-probs it samples from FSDP's own unsharded weights, bit for bit, and
-    leaves the network sharded."""
+def test_one_rank_decodes_from_the_frozen_weights_own_storage(path, monkeypatch):
+    """Sharded over one rank as the trainer shards it (bf16 weights, float32 LoRA adapters, computing in bf16), the
+    decoder reads each frozen bf16 weight where it lay before sharding, not a gathered copy (`fsdp.shard` leaves
+    them unmanaged there), and samples the tokens and log-probs of the unsharded model with its adapters in bf16,
+    bit for bit."""
     policy = qwen3.load(ModelConfig(arch="qwen3", path=path, dtype="bfloat16"))
     net = policy.transformer
     adapt(net, 0)
-    down = net.model.layers[0].mlp.down_proj  # a bf16 weight the decoder reads through its module
-    units = [net, *fsdp.shard(net, list(net.model.layers), fsdp.mesh(dist.init()), torch.bfloat16).model.layers]
-    shard = down.weight.to_local().data_ptr()
+    unsharded = copy.deepcopy(net)
+    for p in unsharded.parameters():  # what FSDP's mixed precision computes (buffers stay as they are)
+        p.data = p.data.to(torch.bfloat16)
+    down = net.model.layers[0].mlp.down_proj  # a frozen weight the decoder reads through its module
+    storage = down.weight.data_ptr()
+    fsdp.shard(net, list(net.model.layers), fsdp.mesh(dist.init()), torch.bfloat16)
+    assert isinstance(net.model.layers[0].self_attn.q_proj.lora_A.default.weight, DTensor)  # trained: FSDP's
     read = []
     attention = decode.decode_attention
     monkeypatch.setattr(decode, "decode_attention", lambda *a: read.append(down.weight.data_ptr()) or attention(*a))
     ids, mask = prompts(policy)
     outputs = []
-    for gathered in (False, True):
-        if gathered:
-            for unit in units:
-                unit.unshard()
+    for network in (net, unsharded):
         torch.manual_seed(0)
-        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 8, *SAMPLING,
-                                       dtype=torch.bfloat16))  # fmt: skip
-        assert isinstance(down.weight, DTensor) and down.weight.to_local().data_ptr() == shard
-    assert set(read[: len(read) // 2]) == {shard} and shard not in read[len(read) // 2 :]
+        outputs.append(decode.generate(network, ids, mask, policy.stop_token_ids, policy.pad_token_id, 8, *SAMPLING))
+    assert read and set(read[: len(read) // 2]) == {storage}
     (a, lp_a), (b, lp_b) = outputs
-    assert lp_a.dtype == torch.float32 and torch.equal(a, b) and torch.equal(lp_a, lp_b)
+    assert torch.equal(a, b) and torch.equal(lp_a, lp_b)
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.8), (7, 0.6)])

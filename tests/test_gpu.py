@@ -341,7 +341,7 @@ def test_qwen3_omni_thinker_dpo_at_full_size(tmp_path):
                                                          ("choice_gspo", "4b", True, "static")])  # fmt: skip
 def test_gspo_at_full_size(recipe, size, lora, decoder, tmp_path):
     """GSPO with generation on the thinker (LoRA; transformers' `generate`, and omnialign's decoder compiled, which
-    reads the one rank's shards in place: the 30B-A3B's weights gathered beside them ran out of memory on an H100)
+    gathers only the adapters over one rank: the 30B-A3B's weights gathered beside them ran out of memory on an H100)
     and on Qwen3-4B in bf16 (full fine-tuning with fp32 master weights, and LoRA), one mini-batch per step, with the
     default old log-probs (algorithm.old_log_probs=auto: replayed for bf16 language models): at the first update
     every sequence's ratio is 1 and none is clipped. The rollout's own log-probs (float32 head, as training) differ from

@@ -9,10 +9,11 @@ import copy
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from omnialign.config import ModelConfig
 from omnialign.engine import dist, fsdp
-from omnialign.models import LOADERS, tiny
+from omnialign.models import LOADERS, lora, tiny
 
 TWINS = {"sd3": tiny.sd3, "qwen_image": tiny.qwen_image, "zimage": tiny.zimage, "flux": tiny.flux,
          "flux2": tiny.flux2, "ltx2": tiny.ltx2, "wan": tiny.wan}  # fmt: skip
@@ -61,3 +62,48 @@ def test_selective_activation_checkpointing_recomputes_every_kth_block_with_the_
         grads.append([p.grad.full_tensor() for p in net.parameters()])
     assert wrapped == [[False] * len(blocks), [i % 2 == 0 for i in range(len(blocks))]] and len(blocks) >= 2
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_one_rank_leaves_frozen_bf16_weights_unmanaged_and_computes_as_before(tmp_path):
+    """Over one rank `fsdp.shard` leaves the frozen weights already in the compute dtype as the module's own tensors
+    (no copy before each forward), while FSDP keeps the trained LoRA adapters (float32) and the frozen weights Wan
+    keeps in float32, casting both to bf16: the velocity and the adapters' gradients are those of the unsharded
+    model with every parameter in bf16, bit for bit."""
+    policy = LOADERS["wan"](ModelConfig(arch="wan", path=str(tiny.wan(tmp_path)), dtype="bfloat16", frames=5))
+    world = dist.init()
+    net = policy.transformer.to(world.device)
+    lora.apply_lora(net, 4, 4, policy.lora_targets)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    kept = [p for p in net.parameters() if not p.requires_grad and p.dtype == torch.float32]
+    frozen = {n: p.data_ptr() for n, p in net.named_parameters() if not p.requires_grad and p.dtype == torch.bfloat16}
+    assert kept and frozen
+    unsharded = copy.deepcopy(net)
+    for p in unsharded.parameters():  # what FSDP's mixed precision computes (buffers stay as they are)
+        p.data = p.data.to(torch.bfloat16)
+    fsdp.shard(net, policy.blocks(), fsdp.mesh(world), torch.bfloat16)
+    params = dict(net.named_parameters())
+    assert params.keys() == {n for n, _ in unsharded.named_parameters()}
+    for name, p in params.items():  # the frozen bf16 weights where they lay, the others FSDP's
+        assert (
+            (not isinstance(p, DTensor) and p.data_ptr() == frozen[name]) if name in frozen else isinstance(p, DTensor)
+        )
+    x = torch.randn((2, *policy.latent_shape(32, 32)), generator=g).to(world.device, torch.bfloat16)
+    sigma = torch.tensor([0.3867, 0.7431], device=world.device)
+    cond = policy.to(world.device).encode_prompts(["a red cube", "two cats"])
+    outputs = []
+    for network in (net, unsharded):
+        policy.transformer = network
+        velocity = policy.velocity(x, sigma, cond)
+        velocity.float().square().mean().backward()
+        grads = {n: p.grad for n, p in network.named_parameters() if "lora_" in n}
+        outputs.append(
+            (velocity, {n: (d.to_local() if isinstance(d, DTensor) else d).float() for n, d in grads.items()})
+        )
+    (v_sharded, g_sharded), (v_unsharded, g_unsharded) = outputs
+    assert torch.equal(v_sharded, v_unsharded) and g_sharded.keys() == g_unsharded.keys()
+    for name in g_sharded:
+        assert torch.equal(g_sharded[name], g_unsharded[name]), name

@@ -1,5 +1,6 @@
 """FSDP2 applied from outside: `fully_shard` per block, then the root; mixed precision, activation
-checkpointing and CPU offload. World size 1 takes the same path with a mesh of one device.
+checkpointing and CPU offload. World size 1 takes the same path with a mesh of one device, where FSDP leaves the
+frozen weights in the compute dtype alone (`shard`).
 """
 
 import torch
@@ -88,6 +89,12 @@ def shard(
     With `compile`, each block's forward is compiled (regional compilation). Without `cudnn_attention`, the blocks'
     attention never runs cuDNN's kernel (`without_cudnn_attention`). With `activation_checkpointing`, one block in
     `checkpoint_every` recomputes its activations in backward (blocks 0, k, 2k, ...).
+
+    Over one rank (without `cpu_offload`) a shard is the whole parameter, and FSDP's unshard would copy it before
+    every forward and backward of its unit (torch's world-size-1 path allocates and copies): the frozen parameters
+    already in `param_dtype`, which that copy would not change, stay the module's own tensors on the device instead,
+    unmanaged. The trained ones (float32 master weights, cast to `param_dtype`, gradients reduced in float32) and
+    frozen ones stored in another dtype (cast as before) stay FSDP's. The computation is the same, bit for bit.
     """
     mixed = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype,
@@ -95,6 +102,10 @@ def shard(
         cast_forward_inputs=False,
     )
     offload = CPUOffloadPolicy(pin_memory=device_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
+    ignored = set()
+    if device_mesh.size() == 1 and not cpu_offload:
+        ignored = {p for p in module.parameters() if not p.requires_grad and p.dtype == param_dtype}
+        module.to(device_mesh.device_type)  # FSDP moves only what it manages
     for i, block in enumerate(blocks):
         if compile:
             compile_forward(block)
@@ -103,7 +114,7 @@ def shard(
         if activation_checkpointing and i % checkpoint_every == 0:
             checkpoint_activations(block)
         fully_shard(block, mesh=device_mesh, mp_policy=mixed, offload_policy=offload,
-                    reshard_after_forward=reshard_after_forward)  # fmt: skip
+                    reshard_after_forward=reshard_after_forward, ignored_params=ignored)  # fmt: skip
     fully_shard(module, mesh=device_mesh, mp_policy=mixed, offload_policy=offload,
-                reshard_after_forward=reshard_after_forward)  # fmt: skip
+                reshard_after_forward=reshard_after_forward, ignored_params=ignored)  # fmt: skip
     return module

@@ -95,9 +95,6 @@ class LanguagePolicy(Protocol):
     sharding, checkpoints, export and the frozen reference treat both families alike."""
     lora_targets: list[str]
     """Default LoRA target module names (full paths where a short name would also hit frozen towers)."""
-    dtype: torch.dtype
-    """The compute dtype: `transformer`'s as loaded (the engine may keep float32 master weights, computing in this
-    one); the static decoder reads the weights in it."""
     tokenizer: Any
     """The transformers tokenizer (chat template, decoding, stop strings)."""
     stop_token_ids: list[int]

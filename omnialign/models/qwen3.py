@@ -133,7 +133,7 @@ class CausalLMPolicy:
     """Token ids a response may not hold (media placeholders): suppressed in generation, no mass in log-probs."""
 
     def __init__(self, transformer: nn.Module, tokenizer):
-        self.transformer, self.tokenizer, self.dtype = transformer, tokenizer, transformer.dtype
+        self.transformer, self.tokenizer = transformer, tokenizer
         if tokenizer.pad_token_id is None:
             raise ValueError(
                 f"the tokenizer of {transformer.name_or_path} has no pad token: set pad_token in tokenizer_config.json"

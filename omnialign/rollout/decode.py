@@ -11,8 +11,8 @@ one graph replay and a few sampling kernels. By default (`merge_lora`) a layer's
 GEMMs by copies of their weights made once per generation: q/k/v stacked into one, gate/up into another, each with
 its active LoRA adapters folded in, W + s·B·A (the network's own weights are not touched), instead of seven base
 GEMMs plus peft's cast, two small GEMMs, scale and add per adapted projection at every token. Without it the layers
-run through the network's own modules. A network sharded with FSDP2 is read whole for the whole generation
-(`readable`: unsharded over several ranks, its shards in place over one).
+run through the network's own modules. A network sharded with FSDP2 is unsharded for the whole generation and
+resharded after (`readable`).
 
 Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
 default generator (seed it as the rollout does). The logits come from the output head in float32, as training
@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from peft.tuners.lora import LoraLayer
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
 from omnialign.models.base import Prefill
@@ -72,43 +71,26 @@ def merged_weights(net: nn.Module) -> list[dict[str, tuple[torch.Tensor, torch.T
 
 
 @contextmanager
-def readable(net: nn.Module, device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+def readable(net: nn.Module) -> Iterator[None]:
     """The weights the decode steps read (the text stack, its embeddings and the head; not media towers) whole, for
-    the duration. A network sharded with FSDP2 over several ranks is unsharded (each rank gathers a full copy) and
-    resharded after. Over one rank a shard is the whole parameter, which FSDP's unshard would still copy (twice the
-    weights: 56 GiB more for the 30B-A3B thinker's text stack, which an 80 GB card does not hold): the modules read
-    the shard in place instead, copied only where it is stored in another dtype than `dtype` (trained float32
-    adapters and master weights, as FSDP's mixed precision casts them; None: as stored) or on another device (host
-    memory, `engine.cpu_offload`)."""
+    the duration: a network sharded with FSDP2 is unsharded (each rank gathers what its units manage: over one rank
+    only the trained weights, `fsdp.shard`) and resharded after, with what its last forward left unsharded (FSDP
+    keeps the root's)."""
     units = [m for m in (net, *net.get_decoder().modules()) if isinstance(m, FSDPModule)]
-    modules = [*net.get_decoder().modules(), net.get_output_embeddings()]
-    shards = [(m, name, p) for m in modules for name, p in m._parameters.items() if isinstance(p, DTensor)]
-    alone = all(p.device_mesh.size() == 1 for _, _, p in shards)
     try:
-        if alone:
-            whole = {}  # by parameter: a tied one once
-            for m, name, p in shards:
-                if id(p) not in whole:
-                    local = p.to_local()
-                    whole[id(p)] = nn.Parameter(local.to(device, dtype or local.dtype), requires_grad=False)
-                m._parameters[name] = whole[id(p)]
-        else:
-            try:
-                for unit in units:
-                    unit.unshard()
-            except torch.OutOfMemoryError as error:
-                size = sum(p.numel() * p.element_size() for p in net.get_decoder().parameters()) / 2**30
-                raise torch.OutOfMemoryError(
-                    f"generation.decoder: omnialign's decoder holds the whole text stack unsharded ({size:.1f} GiB) "
-                    "beside its shards, more than this device has free; set generation.decoder=transformers "
-                    "(`generate` gathers one layer at a time)"
-                ) from error
+        try:
+            for unit in units:
+                unit.unshard()
+        except torch.OutOfMemoryError as error:
+            size = sum(p.numel() * p.element_size() for p in net.get_decoder().parameters()) / 2**30
+            raise torch.OutOfMemoryError(
+                f"generation.decoder: omnialign's decoder holds the whole text stack unsharded ({size:.1f} GiB) "
+                "beside its shards, more than this device has free; set generation.decoder=transformers "
+                "(`generate` gathers one layer at a time)"
+            ) from error
         yield
     finally:
-        if alone:
-            for m, name, p in shards:
-                m._parameters[name] = p
-        for unit in units:  # also what the network's last forward left unsharded (FSDP keeps the root's)
+        for unit in units:
             unit.reshard()
 
 
@@ -193,8 +175,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, g
 def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: list[int], pad_id: int,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
              graph: bool | None = None, compiled: bool = False, merge_lora: bool = True, banned: list[int] = (),
-             prefill: Prefill | None = None, dtype: torch.dtype | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+             prefill: Prefill | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Responses (B, R <= max_new_tokens) to left-padded prompts ids/mask (B, P), padded after their stop token,
     and the float32 log-probs (B, R) of the sampled tokens (0 after the stop token). `graph`: replay the decode step
     as a CUDA graph (default: on a CUDA device). `compiled`: the decode step through `torch.compile` (before the
@@ -203,12 +184,11 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
     folded in (`merged_weights`; `generation.merge_lora`), else through the network's modules. `banned`: token ids
     never sampled, with no mass in the recorded log-probs (the training forward's `head_logprobs(banned=...)`).
     `prefill`: the prompts already run through the network's own forward (`LanguagePolicy.prefill`: the omni
-    thinker's media and 3-D positions), else the decoder runs them. `dtype`: a sharded network's compute dtype
-    (`readable`; the policy's)."""
+    thinker's media and 3-D positions), else the decoder runs them."""
     device, (batch, width) = ids.device, ids.shape
     graph = device.type == "cuda" if graph is None else graph
     model = net.get_decoder()
-    with readable(net, device, dtype):
+    with readable(net):
         attn = model.layers[0].self_attn
         length = width + max_new_tokens
         # one slot more than is filled, so that every step's view of the cache (below) is strided alike and one

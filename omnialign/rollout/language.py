@@ -117,8 +117,7 @@ def generate(
                     out, lp = decode.generate(policy.transformer, prompt_ids, prompt_mask, policy.stop_token_ids,
                                               policy.pad_token_id, config.max_new_tokens, *sampling,
                                               compiled=config.decoder == "compiled", merge_lora=config.merge_lora,
-                                              banned=policy.banned_token_ids, prefill=prefill,
-                                              dtype=policy.dtype)  # fmt: skip
+                                              banned=policy.banned_token_ids, prefill=prefill)  # fmt: skip
             else:
                 out, lp = policy.generate(prompt_ids, prompt_mask, prompt_media, options(config, greedy))
         lengths = response_lengths(policy, out, config.stop).tolist()
