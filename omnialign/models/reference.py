@@ -6,6 +6,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from omnialign.models.base import DiffusionPolicy
 
@@ -41,6 +42,8 @@ class Reference:
     @torch.no_grad()
     def refresh(self) -> None:
         for reference, trained in self.copies.values():
+            if isinstance(trained, DTensor) and not isinstance(reference, DTensor):  # over one rank: a whole shard
+                trained = trained.to_local()  # beside a frozen weight that FSDP leaves alone (`fsdp.shard`)
             reference.copy_(trained)
 
     @property
