@@ -11,6 +11,9 @@
 #   benchmarks/speed_gpu.sh OUT qwen_casts       # qwen_image_ocr_flowgrpo_lora (4 prompts x 16, two steps) compiled
 #                                                # with inductor's emulate_precision_casts (as engine.compile sets
 #                                                # it) and without: what the exact replay costs (goal 1)
+#   benchmarks/speed_gpu.sh OUT one_rank         # RECIPE (flux_ocr_flowgrpo_lora, PROMPTS=2, two steps) with FSDP
+#                                                # managing every parameter, as before b876edb, then with the frozen
+#                                                # bf16 weights left to the modules (the default since)
 #   benchmarks/speed_gpu.sh OUT profile_flux     # the warm step of flux_ocr_flowgrpo_lora under the profiler: goal 2
 #   benchmarks/speed_gpu.sh OUT profile_kontext  # flux_kontext_edit_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT profile_edit     # qwen_image_edit_ocr_flowgrpo_lora, the same
@@ -39,6 +42,11 @@ omnialign=(python3 -m omnialign)
 no_casts=(python3 -c "import sys, types, omnialign.engine.fsdp as f
 f.inductor_config = types.SimpleNamespace(test_configs=f.inductor_config.test_configs)
 from omnialign.cli import main; main(sys.argv[1:])")
+# the same CLI with FSDP managing every parameter over one rank too, as before b876edb (frozen bf16 weights gathered,
+# that is copied, before each forward and backward)
+all_managed=(python3 -c "import sys, torch.distributed.fsdp as d, omnialign.engine.fsdp as f
+f.fully_shard = lambda module, **kw: d.fully_shard(module, **{**kw, 'ignored_params': None})
+from omnialign.cli import main; main(sys.argv[1:])")
 bench() {  # bench KIND NAME RECIPE [bench args ...]: one `omnialign bench KIND` run, its log and JSON under OUT
     local kind=$1 name=$2 r=$3
     shift 3
@@ -60,6 +68,11 @@ for stage in "$@"; do
             bench recipe "qwen_$algo" "qwen_image_ocr_${algo}_lora" --prompts 4 --steps 2 \
                 --set engine.fp8=true rollout.grad_graph=true ${SET:-}
         done
+        ;;
+    one_rank)  # RECIPE (flux_ocr_flowgrpo_lora) with every parameter FSDP's, then with the frozen ones its own
+        r=${RECIPE:-flux_ocr_flowgrpo_lora}
+        (omnialign=("${all_managed[@]}") && bench recipe "${r}_all_managed" "$r" --prompts ${PROMPTS:-2} --steps 2 ${SET:-})
+        bench recipe "${r}_frozen_own" "$r" --prompts ${PROMPTS:-2} --steps 2 ${SET:-}
         ;;
     qwen_casts)
         bench recipe qwen_image_flowgrpo_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2
