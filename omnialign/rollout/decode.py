@@ -194,10 +194,10 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         # one slot more than is filled, so that every step's view of the cache (below) is strided alike and one
         # compilation serves them all (a view of the whole cache would be contiguous, the others not)
         capacity = length + 1
+        dtype = model.embed_tokens.weight.dtype
         shape = (batch, model.config.num_key_value_heads, capacity, attn.head_dim)
-        cache = dict(dtype=model.embed_tokens.weight.dtype, device=device)
-        keys = [torch.zeros(shape, **cache) for _ in model.layers]
-        values = [torch.zeros(shape, **cache) for _ in model.layers]
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers]
         # Which slots a token may attend to: the real prompt tokens, then each generated one from its step on.
         # A padding position sees itself too, so that no attention row is empty.
         seen = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
