@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import TopKLogitsWarper, TopPLogitsWarper
@@ -115,6 +116,30 @@ def test_one_rank_decodes_from_the_frozen_weights_own_storage(path, monkeypatch)
     assert read and set(read[: len(read) // 2]) == {storage}
     (a, lp_a), (b, lp_b) = outputs
     assert torch.equal(a, b) and torch.equal(lp_a, lp_b)
+
+
+def test_running_out_of_memory_gathering_the_weights_names_the_fix(policy, monkeypatch):
+    """Where the gathered text stack does not fit beside its shards (the 30B-A3B thinker's on one 80 GB card before
+    frozen weights stayed unmanaged over one rank), the decoder's error gives the stack's size and
+    `generation.decoder=transformers`, and the units gathered so far are sharded again."""
+    net = policy.transformer
+    fsdp.shard(net.float(), list(net.model.layers), fsdp.mesh(dist.init()), torch.float32)  # all trained: FSDP's
+    units = [u for u in net.modules() if isinstance(u, FSDPModule)]
+    gathered = []
+
+    def unshard(self, async_op=False):
+        if len(gathered) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 384.00 MiB.")
+        gathered.append(self)
+        return original(self, async_op)
+
+    original = FSDPModule.unshard
+    monkeypatch.setattr(FSDPModule, "unshard", unshard)
+    size = sum(p.numel() * 4 for p in net.model.parameters()) / 2**30
+    ids, mask = prompts(policy)
+    with pytest.raises(torch.OutOfMemoryError, match=rf"\({size:.1f} GiB\).*generation.decoder=transformers"):
+        decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, 4)
+    assert len(gathered) == 2 and all(isinstance(p, DTensor) for u in units for p in u.parameters())
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.8), (7, 0.6)])
