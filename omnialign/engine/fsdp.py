@@ -8,6 +8,7 @@ from torch import nn
 from torch._inductor import config as inductor_config
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
@@ -66,6 +67,12 @@ def without_cudnn_attention(block: nn.Module) -> None:
     block.forward = restricted
 
 
+def written_as(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """`source` as an in-place write into `target` takes it: a trained parameter's local tensor (over one rank the
+    whole of it) where `target` is a frozen weight that `shard` left to its module, else `source` itself."""
+    return source.to_local() if isinstance(source, DTensor) and not isinstance(target, DTensor) else source
+
+
 def shard(
     module: nn.Module,
     blocks: list[nn.Module],
@@ -104,8 +111,8 @@ def shard(
     offload = CPUOffloadPolicy(pin_memory=device_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     ignored = set()
     if device_mesh.size() == 1 and not cpu_offload:
-        ignored = {p for p in module.parameters() if not p.requires_grad and p.dtype == param_dtype}
         module.to(device_mesh.device_type)  # FSDP moves only what it manages
+        ignored = {p for p in module.parameters() if not p.requires_grad and p.dtype == param_dtype}
     for i, block in enumerate(blocks):
         if compile:
             compile_forward(block)

@@ -14,7 +14,8 @@ import torch
 from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from omnialign.engine.fsdp import written_as
 
 
 def apply_lora(
@@ -57,10 +58,8 @@ def blend_adapter(module: nn.Module, name: str, decay: float) -> None:
     """adapter `name` <- decay * itself + (1 - decay) * default; decay 0 copies default."""
     for layer in lora_layers(module):
         for table in (layer.lora_A, layer.lora_B):
-            target, source = table[name].weight, table["default"].weight
-            if isinstance(source, DTensor) and not isinstance(target, DTensor):  # over one rank: a whole shard
-                source = source.to_local()  # beside a frozen weight that FSDP leaves alone (`fsdp.shard`)
-            target.lerp_(source.to(target.dtype), 1.0 - decay)
+            target = table[name].weight
+            target.lerp_(written_as(table["default"].weight, target).to(target.dtype), 1.0 - decay)
 
 
 @contextmanager

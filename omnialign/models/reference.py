@@ -6,8 +6,8 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from omnialign.engine.fsdp import written_as
 from omnialign.models.base import DiffusionPolicy
 
 Context = Callable[[], AbstractContextManager]
@@ -42,9 +42,7 @@ class Reference:
     @torch.no_grad()
     def refresh(self) -> None:
         for reference, trained in self.copies.values():
-            if isinstance(trained, DTensor) and not isinstance(reference, DTensor):  # over one rank: a whole shard
-                trained = trained.to_local()  # beside a frozen weight that FSDP leaves alone (`fsdp.shard`)
-            reference.copy_(trained)
+            reference.copy_(written_as(trained, reference))
 
     @property
     def state(self) -> dict[str, torch.Tensor]:
