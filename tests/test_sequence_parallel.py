@@ -100,6 +100,11 @@ def test_group_size_must_divide_the_processes():
 
 if __name__ == "__main__":
     run_split(Path(sys.argv[1]))
-    # leave the group before exiting, as PyTorch asks: once in `make test` a rank aborted ("terminate called without
-    # an active exception", exit -6); 22 runs under load, without this line, did not repeat it
-    torch.distributed.destroy_process_group()
+    # Skip the interpreter's teardown. In CI a rank has twice aborted after its work ("terminate called without an
+    # active exception", exit -6), once with and once without destroy_process_group; gloo's threads and pending
+    # functional-collective work can outlive the interpreter (pytorch/pytorch#179291). 67 runs under load here did not
+    # repeat it. Every collective is over once both ranks pass the barrier, and rank 0 has written its results.
+    torch.distributed.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
