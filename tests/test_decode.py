@@ -98,17 +98,19 @@ def test_one_rank_decodes_from_the_frozen_weights_own_storage(path, monkeypatch)
     policy = qwen3.load(ModelConfig(arch="qwen3", path=path, dtype="bfloat16"))
     net = policy.transformer
     adapt(net, 0)
+    world = dist.init()
+    net.to(world.device)  # where sharding puts it
     unsharded = copy.deepcopy(net)
     for p in unsharded.parameters():  # what FSDP's mixed precision computes (buffers stay as they are)
         p.data = p.data.to(torch.bfloat16)
     down = net.model.layers[0].mlp.down_proj  # a frozen weight the decoder reads through its module
     storage = down.weight.data_ptr()
-    fsdp.shard(net, list(net.model.layers), fsdp.mesh(dist.init()), torch.bfloat16)
+    fsdp.shard(net, list(net.model.layers), fsdp.mesh(world), torch.bfloat16)
     assert isinstance(net.model.layers[0].self_attn.q_proj.lora_A.default.weight, DTensor)  # trained: FSDP's
     read = []
     attention = decode.decode_attention
     monkeypatch.setattr(decode, "decode_attention", lambda *a: read.append(down.weight.data_ptr()) or attention(*a))
-    ids, mask = prompts(policy)
+    ids, mask = (t.to(world.device) for t in prompts(policy))
     outputs = []
     for network in (net, unsharded):
         torch.manual_seed(0)

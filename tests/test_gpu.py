@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensordict import TensorDict
+from torch.distributed.tensor import DTensor
 
 from omnialign.bench.language import language_trainer
 from omnialign.bench.models import SD35, wan_tokens
@@ -44,6 +45,11 @@ def fresh_memory():
     torch.cuda.empty_cache()
 
 
+def local(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's shard: FSDP's are DTensors; over one rank the frozen ones in the compute dtype stay plain."""
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
 def snapshot(net: torch.nn.Module, count: int = 3) -> dict[str, dict[str, torch.Tensor]]:
     """Copies of the first `count` trained and frozen parameters (their shards) by name. LoRA A matrices are left
     out: their gradient is zero while B is, so the first step leaves them (but for weight decay) where they are."""
@@ -51,7 +57,7 @@ def snapshot(net: torch.nn.Module, count: int = 3) -> dict[str, dict[str, torch.
     for name, p in net.named_parameters():
         kind = out["trained" if p.requires_grad else "frozen"]
         if len(kind) < count and ".lora_A." not in name:
-            kind[name] = p.to_local().detach().clone()
+            kind[name] = local(p).detach().clone()
     return out
 
 
@@ -71,9 +77,9 @@ def assert_stepped(net: torch.nn.Module, before: dict, metrics: dict[str, torch.
     now = dict(net.named_parameters())
     assert before["trained"]
     for name, old in before["trained"].items():
-        assert not torch.equal(now[name].to_local().detach(), old), f"{name} did not change"
+        assert not torch.equal(local(now[name]).detach(), old), f"{name} did not change"
     for name, old in before["frozen"].items():
-        assert torch.equal(now[name].to_local().detach(), old), f"frozen {name} changed"
+        assert torch.equal(local(now[name]).detach(), old), f"frozen {name} changed"
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"peak {peak:.1f} GiB", {k: round(float(v), 6) for k, v in metrics.items() if k.startswith("actor/")})
     assert peak < CARD_GB
@@ -254,7 +260,7 @@ def test_wan22_a14b_recipe_two_steps_on_the_tiny_twin(tmp_path):
     assert_stepped(policy.transformer, before, metrics)
     now = dict(policy.transformer_2.named_parameters())
     for name, old in frozen["frozen"].items():
-        assert torch.equal(now[name].to_local().detach(), old), f"transformer_2's {name} changed"
+        assert torch.equal(local(now[name]).detach(), old), f"transformer_2's {name} changed"
 
 
 def test_ltx2_recipe_two_steps_on_the_tiny_twin(tmp_path):
