@@ -329,7 +329,7 @@ def test_attention_reach_grows_by_buckets(policy, device, monkeypatch):
 def triton_experiment():
     """benchmarks/decode_triton.py as a module (its kernel also runs on a CPU in Triton's interpreter, with
     TRITON_INTERPRET=1 set before Triton is first imported: `TRITON_INTERPRET=1 python benchmarks/decode_triton.py
-    --check`), registered as `decode_triton`, the name under which torch.compile imports it again when it traces."""
+    --check`), registered as `decode_triton` so that it loads once: importing it registers its operator."""
     if "decode_triton" not in sys.modules:
         path = Path(__file__).parents[1] / "benchmarks" / "decode_triton.py"
         spec = importlib.util.spec_from_file_location("decode_triton", path)
