@@ -177,7 +177,8 @@ class GenerationConfig:
     samples on Qwen3-8B LoRA 5.0 s against 7.2 s, BENCHMARKS.md; its first generation compiles, 30-80 s for
     Qwen3-8B; both read the whole text stack for the whole generation, gathered where sharded: over one rank only
     the trained weights are, `fsdp.shard`); transformers: `generate`, which gathers one layer at a time (the omni
-    recipes' setting until the static decoder has run the 30B-A3B thinker at full size on one GPU)."""
+    recipes' setting until the two are timed side by side on the 30B-A3B thinker; compiled ran it on one 80 GB GPU
+    at a peak of 62.8 GiB)."""
     merge_lora: bool = True
     """static and compiled decoders: a layer's seven projections run as four GEMMs by copies of their weights, q/k/v
     stacked and gate/up stacked, with any LoRA adapters folded in (W + s·B·A, made once per generation; the trained

@@ -22,8 +22,9 @@ def qwen3_omni_grpo() -> Config:
     c.generation.micro_batch_size = 32
     # omnialign's decoder runs the thinker too (static, compiled; equal to `generate` on the CPU and the GPU). It
     # holds the whole text stack, 56 GiB for the 30B-A3B thinker: gathered beside the shards it ran out of memory on
-    # one 80 GB card (an H100, 2026-12-06); over one rank the engine now leaves the frozen weights unsharded. The
-    # recipes keep `generate`, which gathers one layer at a time, until that runs at full size on a GPU (issue 32)
+    # one 80 GB card (an H100, 2026-12-06); over one rank the engine now leaves the frozen weights unsharded, and the
+    # compiled decoder ran it there (peak 62.8 GiB, docs/testing.md). The recipes keep `generate` until the two are
+    # timed side by side at full size (issue 32's goal 5)
     c.generation.decoder = "transformers"
     c.reward.weights = {"choice": 1.0}
     c.algorithm.name = "grpo"
