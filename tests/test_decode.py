@@ -5,10 +5,7 @@ padding after it), with and without a seeded LoRA adapter, on several seeds each
 same in float32 and in bf16 with realistic logits over every attention kernel the recipes use, eager and graph."""
 
 import copy
-import importlib.util
-import sys
 from contextlib import nullcontext
-from pathlib import Path
 
 import pytest
 import torch
@@ -302,7 +299,7 @@ def test_cuda_graph_replay_equals_the_eager_step(policy):
     net.cpu()
 
 
-def generates_alike(policy, device, monkeypatch, name: str, variants: tuple, tokens: int, atol: float, **kw) -> None:
+def generates_alike(policy, device, monkeypatch, name: str, variants: tuple, tokens: int, atol: float) -> None:
     """decode.generate on the prompts at seed 1 (temperature 0.8) with decode's `name` set to each of two variants:
     the same responses, log-probs within atol."""
     net = policy.transformer.to(device)
@@ -312,7 +309,7 @@ def generates_alike(policy, device, monkeypatch, name: str, variants: tuple, tok
         monkeypatch.setattr(decode, name, variant)
         torch._dynamo.reset()
         torch.manual_seed(1)
-        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, tokens, 0.8, **kw))
+        outputs.append(decode.generate(net, ids, mask, policy.stop_token_ids, policy.pad_token_id, tokens, 0.8))
     assert torch.equal(outputs[0][0], outputs[1][0])
     torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=atol, rtol=0)
     net.cpu()
@@ -324,38 +321,6 @@ def test_attention_reach_grows_by_buckets(policy, device, monkeypatch):
     buckets of 4 slots (on a GPU a graph captured for each) the tokens and log-probs are those of steps that attend to
     the whole cache."""
     generates_alike(policy, device, monkeypatch, "BUCKET", (4, 10_000), tokens=20, atol=1e-6)
-
-
-def triton_experiment():
-    """benchmarks/decode_triton.py as a module (its kernel also runs on a CPU in Triton's interpreter, with
-    TRITON_INTERPRET=1 set before Triton is first imported: `TRITON_INTERPRET=1 python benchmarks/decode_triton.py
-    --check`), registered as `decode_triton` so that it loads once: importing it registers its operator."""
-    if "decode_triton" not in sys.modules:
-        path = Path(__file__).parents[1] / "benchmarks" / "decode_triton.py"
-        spec = importlib.util.spec_from_file_location("decode_triton", path)
-        sys.modules["decode_triton"] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["decode_triton"]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-def test_triton_decode_attention_equals_sdpa(dtype, atol):
-    """benchmarks/decode_triton.py's kernel (issue 32's experiment) gives `decode.decode_attention`'s output on views
-    of a larger cache like the decoder's: 150 slots in three blocks, one row left-padded past its first block, one
-    with random holes, one seeing everything; bf16 within its rounding."""
-    triton_experiment().check("cuda", dtype, atol)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("compiled", [False, True])
-def test_triton_decode_attention_samples_as_sdpa(tmp_path, monkeypatch, compiled):
-    """Through the kernel, the graph decoder and the compiled one sample SDPA's responses with its log-probs within
-    float32 rounding (a twin with 16-wide heads, tl.dot's least)."""
-    policy = qwen3.load(ModelConfig(arch="qwen3", path=str(tiny.qwen3(tmp_path / "m", hidden=64))))
-    generates_alike(policy, "cuda", monkeypatch, "decode_attention",
-                    (decode.decode_attention, triton_experiment().triton_attention), tokens=12, atol=1e-5,
-                    compiled=compiled)  # fmt: skip
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
