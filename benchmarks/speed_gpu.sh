@@ -71,8 +71,8 @@ for stage in "$@"; do
         ;;
     one_rank)  # RECIPE (flux_ocr_flowgrpo_lora) with every parameter FSDP's, then with the frozen ones its own
         r=${RECIPE:-flux_ocr_flowgrpo_lora}
-        (omnialign=("${all_managed[@]}") && bench recipe "${r}_all_managed" "$r" --prompts ${PROMPTS:-2} --steps 2 ${SET:-})
-        bench recipe "${r}_frozen_own" "$r" --prompts ${PROMPTS:-2} --steps 2 ${SET:-}
+        (omnialign=("${all_managed[@]}") && bench recipe "${r}_all_managed" "$r" --prompts ${PROMPTS:-2} --steps 2 ${SET:+--set $SET})
+        bench recipe "${r}_frozen_own" "$r" --prompts ${PROMPTS:-2} --steps 2 ${SET:+--set $SET}
         ;;
     qwen_casts)
         bench recipe qwen_image_flowgrpo_casts qwen_image_ocr_flowgrpo_lora --prompts 4 --steps 2

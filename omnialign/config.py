@@ -176,9 +176,9 @@ class GenerationConfig:
     step through `torch.compile` first (1.4x the tokens/s of static for Qwen3-8B on an H200; a GSPO rollout of 64
     samples on Qwen3-8B LoRA 5.0 s against 7.2 s, BENCHMARKS.md; its first generation compiles, 30-80 s for
     Qwen3-8B; both read the whole text stack for the whole generation, gathered where sharded: over one rank only
-    the trained weights are, `fsdp.shard`); transformers: `generate`, which gathers one layer at a time (the omni
-    recipes' setting until the two are timed side by side on the 30B-A3B thinker; compiled ran it on one 80 GB GPU
-    at a peak of 62.8 GiB)."""
+    the trained weights are, `fsdp.shard`; the omni recipes' setting: GSPO on the 30B-A3B thinker 2.3x the samples/s
+    of `generate` on one H100); transformers: `generate`, which gathers one layer at a time (where the whole text
+    stack gathered beside the shards does not fit)."""
     merge_lora: bool = True
     """static and compiled decoders: a layer's seven projections run as four GEMMs by copies of their weights, q/k/v
     stacked and gate/up stacked, with any LoRA adapters folded in (W + s·B·A, made once per generation; the trained
