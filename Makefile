@@ -28,7 +28,8 @@ test-slow: $(VENV)/.installed
 # the CPU suite with its tiny models on the GPU (GPU_WORKERS pytest-xdist processes share the card), then every
 # released architecture at full size with random weights, one test at a time.
 # Each phase is a target of its own (test-gpu-1, test-gpu-2), for machines that limit a command's time; phase 2
-# takes K, a pytest -k expression, or PART, one of four named parts of under 4 minutes each on one H200:
+# takes K, a pytest -k expression, or PART, one of four named parts (on one H100: cuda 5:00, sd35 7:35, qwen_flux
+# 3:40, flux2 1:53 with its two H200-sized tests skipped; each under 4 minutes on one H200):
 #   make test-gpu-2 PART=cuda; make test-gpu-2 PART=sd35; make test-gpu-2 PART=qwen_flux; make test-gpu-2 PART=flux2
 # Together the parts are every GPU test (tests/test_gpu_parts.py fails on a GPU test that no part selects). Phase 2
 # prints each test's output (peak memory, log-prob gaps) and every phase of a test that took over 5 s.
