@@ -13,6 +13,8 @@ flash's. Each case runs in a process of its own: an illegal memory access ends t
 
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str) ->
         return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
-def run(kernel: str, layout: str, seq: int, batch: int = 8, heads: int = 24, dim: int = 128, iters: int = 10) -> None:
+def run(kernel: str, layout: str, seq: int, folder: str, batch: int = 8, heads: int = 24, dim: int = 128,
+        iters: int = 10) -> None:  # fmt: skip
     torch.manual_seed(0)
     leaves = [torch.randn(batch, seq, heads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
               for _ in range(3)]  # fmt: skip
@@ -53,7 +56,7 @@ def run(kernel: str, layout: str, seq: int, batch: int = 8, heads: int = 24, dim
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / iters
     torch.save({"out": out.detach()[0, :2].float().cpu(), "dq": dq[0, :, :2].float().cpu()},
-               f"/tmp/attention_{kernel}_{layout}_{seq}.pt")  # fmt: skip
+               f"{folder}/{kernel}_{layout}_{seq}.pt")  # fmt: skip
     flop = 4 * batch * heads * seq * seq * dim * 3.5  # forward 4·B·H·S²·D, backward 2.5 times that
     print(
         f"{kernel:5s} {layout:8s} S={seq:5d} {ms:7.2f} ms fwd+bwd {flop / ms / 1e9:4.0f} TFLOP/s "
@@ -64,20 +67,22 @@ def run(kernel: str, layout: str, seq: int, batch: int = 8, heads: int = 24, dim
 
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, "cuDNN", torch.backends.cudnn.version(), flush=True)
+    folder = tempfile.mkdtemp()  # this run's results only, for the comparison with flash
     for seq in (1536, 2560, 4608):
         for kernel, layout in CASES:
-            done = subprocess.run([sys.executable, __file__, kernel, layout, str(seq)], capture_output=True, text=True)
+            done = subprocess.run([sys.executable, __file__, kernel, layout, str(seq), folder], capture_output=True,
+                                  text=True)  # fmt: skip
             print(done.stdout.strip() or f"{kernel:5s} {layout:8s} S={seq:5d} failed, rc {done.returncode}: "
                   f"{done.stderr.strip()[-300:]}", flush=True)  # fmt: skip
-            if done.returncode == 0 and kernel == "cudnn":
-                a = torch.load(f"/tmp/attention_flash_view_{seq}.pt")
-                b = torch.load(f"/tmp/attention_{kernel}_{layout}_{seq}.pt")
+            flash = Path(folder) / f"flash_view_{seq}.pt"
+            if done.returncode == 0 and kernel == "cudnn" and flash.exists():
+                a, b = torch.load(flash), torch.load(f"{folder}/{kernel}_{layout}_{seq}.pt")
                 print(f"      against flash: output {float((a['out'] - b['out']).abs().max()):.2e}, query gradient "
                       f"{float((a['dq'] - b['dq']).abs().max()):.2e}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
-        run(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else tempfile.mkdtemp())
     else:
         main()
