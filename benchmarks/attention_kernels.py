@@ -3,7 +3,10 @@
 Issue 32's goal 2: the FLUX recipes keep cuDNN's attention out (`engine.cudnn_attention=false`) since its backward
 failed at FLUX.1's shapes on an H200 (17d93a8), and attention was 16% of FLUX's warm step on the flash kernel. This
 times both kernels on diffusers' layout (q, k, v as (B, S, H, D) tensors seen as (B, H, S, D)), on contiguous
-copies, and through torch.compile (as the recipes' regional compile runs it), at FLUX.1's sequence lengths
+copies, through torch.compile (as the recipes' regional compile runs it), and with the output's gradient a slice of
+a wider tensor (`padded`, as FLUX's single blocks give it: their attention output is concatenated with the MLP's
+along features; the recipe failed in cuDNN's backward until the engine's `dense_attention_grads` copied it dense, but
+this case alone ran on an H100), at FLUX.1's sequence lengths
 (512 text tokens with 1024, 2048 or 4096 image tokens), and compares cuDNN's output and query gradient with
 flash's. Each case runs in a process of its own: an illegal memory access ends the CUDA context.
 
@@ -21,7 +24,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-CASES = [("flash", "view"), ("cudnn", "view"), ("cudnn", "contig"), ("flash", "compiled"), ("cudnn", "compiled")]
+CASES = [("flash", "view"), ("cudnn", "view"), ("cudnn", "contig"), ("flash", "compiled"), ("cudnn", "compiled"),
+         ("cudnn", "padded")]  # fmt: skip
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str) -> torch.Tensor:
@@ -36,6 +40,10 @@ def run(kernel: str, layout: str, seq: int, folder: str, batch: int = 8, heads: 
     leaves = [torch.randn(batch, seq, heads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
               for _ in range(3)]  # fmt: skip
     grad = torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16)
+    if layout == "padded":  # the same values as FLUX's single blocks hand them back: a slice of a wider row
+        wide = torch.zeros(batch, seq, heads * dim * 5, device="cuda", dtype=torch.bfloat16)
+        wide[..., : heads * dim] = grad.transpose(1, 2).reshape(batch, seq, heads * dim)
+        grad = wide[..., : heads * dim].view(batch, seq, heads, dim).transpose(1, 2)
     fn = torch.compile(attention) if layout == "compiled" else attention
 
     def step() -> tuple[torch.Tensor, torch.Tensor]:

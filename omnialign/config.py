@@ -371,10 +371,11 @@ class EngineConfig:
     every block, up to 64 of them (`engine.fsdp.RECOMPILE_LIMIT`); the first steps pay the compile time)."""
     cudnn_attention: bool = True
     """Let PyTorch's attention (SDPA) pick its cuDNN kernel on CUDA in the trained network's blocks (and its frozen
-    copies'); false restricts those blocks alone, not the rest of the process (engine/fsdp.py). The FLUX recipes turn
-    it off: at FLUX.1's shapes the cuDNN backward fails on an H200 with torch 2.11 (an illegal memory access;
-    "mha_graph.execute(...).is_good()" under CUDA_LAUNCH_BLOCKING=1), while the flash kernel SDPA then picks
-    trains (BENCHMARKS.md). Qwen-Image's masked attention is faster with cuDNN."""
+    copies'); false restricts those blocks alone, not the rest of the process (engine/fsdp.py). With it, the blocks'
+    attention modules hand the kernel a contiguous output gradient (`engine.fsdp.dense_attention_grads`), without
+    which FLUX.1's backward failed in cuDNN (torch 2.11). cuDNN ran FLUX.1's warm step 5-8% faster than the flash
+    kernel on an H100 and Qwen-Image's masked attention faster too (BENCHMARKS.md). The FLUX.2 recipe turns it off:
+    its parallel blocks concatenate attention and MLP inside the attention module, where the hooks do not reach."""
     fp8: bool = False
     """LoRA runs: store the frozen linear layers of the network's blocks in float8 e4m3 (a scale per output channel)
     and run their matmuls in FP8 (`torch._scaled_mm`, the input scaled per row) in rollout and training alike, so the

@@ -298,7 +298,7 @@ def test_flux_recipe_runs_two_steps(name, paths, recipe_data, tmp_path):
     if config.algorithm.name == "branchgrpo":  # one prompt's tree split at steps 0 and 2 of 4: 4 leaves, 12 edges
         small += ["data.prompts_per_step=1", "rollout.n=1", "rollout.split_steps=[0,2]"]
     main(validate(apply_overrides(config, small)))
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # the recipe's engine.cudnn_attention=false stayed in its blocks
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # a recipe's engine.cudnn_attention=false stays in its blocks
     records = read_metrics(tmp_path / config.name / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert math.isfinite(records[1]["reward/mean"]) and records[2]["actor/skipped_updates"] == 0
@@ -341,3 +341,30 @@ def test_judge_knows_a_flux_pipeline_folder(paths):
     assert detect_arch(paths["flux"]) == "flux"
     with pytest.raises(ValueError, match="holds a FluxKontextPipeline; judge reads"):
         detect_arch(paths["flux_kontext"])  # an editing model needs source images, which judge does not give
+
+
+def test_dense_attention_grads_hands_the_attention_kernel_a_dense_gradient_in_a_single_block(monkeypatch):
+    """FLUX's single blocks concatenate the attention output with the MLP's, so the gradient reaching SDPA is a slice
+    of a wider row, which cuDNN's backward fails on (engine.fsdp.dense_attention_grads); with the hooks it is dense,
+    in the output's own layout, and the block's gradients are unchanged."""
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
+
+    from omnialign.engine.fsdp import dense_attention_grads
+
+    torch.manual_seed(0)
+    block = FluxSingleTransformerBlock(dim=32, num_attention_heads=2, attention_head_dim=16)
+    seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        out = sdpa(*args, **kwargs)
+        out.register_hook(lambda grad: seen.append((grad.stride(), out.stride())))
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    inputs = (torch.randn(2, 6, 32), torch.randn(2, 4, 32), torch.randn(2, 32))
+    reference = torch.autograd.grad(sum(t.square().sum() for t in block(*inputs)), list(block.parameters()))
+    assert seen[-1][0] != seen[-1][1]  # the slice of the concatenation's gradient
+    dense_attention_grads(block)
+    grads = torch.autograd.grad(sum(t.square().sum() for t in block(*inputs)), list(block.parameters()))
+    assert seen[-1][0] == seen[-1][1]
+    assert all(torch.equal(a, b) for a, b in zip(grads, reference))

@@ -4,12 +4,14 @@ frozen weights in the compute dtype alone (`shard`).
 """
 
 import torch
+from diffusers.models.attention import AttentionModuleMixin
 from torch import nn
 from torch._inductor import config as inductor_config
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import checkpoint
 
 from omnialign.engine.dist import World
@@ -67,6 +69,31 @@ def without_cudnn_attention(block: nn.Module) -> None:
     block.forward = restricted
 
 
+class _DenseGrad(torch.autograd.Function):
+    """The identity, whose backward hands on its gradient made contiguous."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def dense_attention_grads(block: nn.Module) -> None:
+    """Hand each diffusers attention module in the block a contiguous gradient of its output. FLUX's single blocks
+    concatenate the attention output with the MLP's along features, so the gradient reaching the attention kernel is a
+    slice with a row stride wider than the row, and PyTorch passes such a gradient to cuDNN as it is (it copies only
+    one whose innermost stride is not 1). FLUX.1's update failed in cuDNN's backward without these hooks (torch 2.11,
+    cuDNN 9.19, H100 and H200: an illegal memory access compiled, "mha_graph.execute(...).is_good()" eager) and trains
+    with them; the kernel alone with such a gradient at batch 8 did not fail (benchmarks/attention_kernels.py's
+    `padded` case), so the condition is narrower than the stride alone. A contiguous gradient passes unchanged."""
+    for module in block.modules():
+        if isinstance(module, AttentionModuleMixin):
+            module.register_forward_hook(lambda m, args, out: tree_map_only(torch.Tensor, _DenseGrad.apply, out))
+
+
 def written_as(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """`source` as an in-place write into `target` takes it: a trained parameter's local tensor (over one rank the
     whole of it) where `target` is a frozen weight that `shard` left to its module, else `source` itself."""
@@ -94,8 +121,9 @@ def shard(
     computes as the model loaded in `param_dtype` does (tests/test_mixed_precision.py). With `cpu_offload`,
     sharded parameters, gradients and optimizer states live in host memory; otherwise they move to the mesh's device.
     With `compile`, each block's forward is compiled (regional compilation). Without `cudnn_attention`, the blocks'
-    attention never runs cuDNN's kernel (`without_cudnn_attention`). With `activation_checkpointing`, one block in
-    `checkpoint_every` recomputes its activations in backward (blocks 0, k, 2k, ...).
+    attention never runs cuDNN's kernel (`without_cudnn_attention`); with it, the blocks' attention modules get dense
+    output gradients, which cuDNN's backward needs (`dense_attention_grads`). With `activation_checkpointing`, one
+    block in `checkpoint_every` recomputes its activations in backward (blocks 0, k, 2k, ...).
 
     Over one rank (without `cpu_offload`) a shard is the whole parameter, and FSDP's unshard would copy it before
     every forward and backward of its unit (torch's world-size-1 path allocates and copies): the frozen parameters
@@ -116,7 +144,9 @@ def shard(
     for i, block in enumerate(blocks):
         if compile:
             compile_forward(block)
-        if not cudnn_attention:
+        if cudnn_attention:
+            dense_attention_grads(block)
+        else:
             without_cudnn_attention(block)
         if activation_checkpointing and i % checkpoint_every == 0:
             checkpoint_activations(block)

@@ -43,7 +43,6 @@ def flux_ocr_flowgrpo_lora() -> Config:
     c.actor.micro_batch_size = 16
     c.engine.activation_checkpointing = True
     c.engine.compile = True
-    c.engine.cudnn_attention = False  # its backward fails at FLUX.1's shapes on an H200 (torch 2.11); flash trains
     c.trainer.total_steps = 1000
     c.trainer.val_every = 50
     c.trainer.save_every = 50

@@ -53,7 +53,7 @@ def flux2_ocr_flowgrpo_lora() -> Config:
     c.actor.mini_batch_size = 384  # half the step's 768 images: its two gradient steps
     c.engine.activation_checkpointing = True
     c.engine.compile = True
-    c.engine.cudnn_attention = False  # as the FLUX.1 recipes (the flash kernel trains FLUX)
+    c.engine.cudnn_attention = False  # attention and MLP concatenate inside the attention module (config docstring)
     c.trainer.total_steps = 1000
     c.trainer.val_every = 20
     c.trainer.save_every = 20
