@@ -1,7 +1,8 @@
 """FLUX-shaped attention, forward and backward, through PyTorch's flash kernel and cuDNN's, on one GPU.
 
-Issue 32's goal 2: the FLUX recipes keep cuDNN's attention out (`engine.cudnn_attention=false`) since its backward
-failed at FLUX.1's shapes on an H200 (17d93a8), and attention was 16% of FLUX's warm step on the flash kernel. This
+Issue 32's goal 2: the FLUX recipes kept cuDNN's attention out (`engine.cudnn_attention=false`) from 17d93a8, when
+its backward failed in FLUX.1's training on an H200, to c707bb8, and attention was 16% of FLUX's warm step on the
+flash kernel. This
 times both kernels on diffusers' layout (q, k, v as (B, S, H, D) tensors seen as (B, H, S, D)), on contiguous
 copies, through torch.compile (as the recipes' regional compile runs it), and with the output's gradient a slice of
 a wider tensor (`padded`, as FLUX's single blocks give it: their attention output is concatenated with the MLP's
