@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxPipeline
+from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
 from diffusers.pipelines.flux import pipeline_flux_kontext
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from peft import LoraConfig, get_peft_model
@@ -21,6 +22,7 @@ from omnialign.cli import main as cli
 from omnialign.config import ModelConfig, apply_overrides, validate
 from omnialign.data.ocr import prepare_ocr
 from omnialign.diffusion.sampling import per_sample_noise, sample
+from omnialign.engine.fsdp import dense_attention_grads
 from omnialign.metrics import read_metrics
 from omnialign.models import LOADERS, flux, tiny
 from omnialign.recipes import RECIPES
@@ -346,10 +348,6 @@ def test_dense_attention_grads_hands_the_attention_kernel_a_dense_gradient_in_a_
     """FLUX's single blocks concatenate the attention output with the MLP's, so the gradient reaching SDPA is a slice
     of a wider row, which cuDNN's backward fails on (engine.fsdp.dense_attention_grads); with the hooks it is dense,
     in the output's own layout, and the block's gradients are unchanged."""
-    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
-
-    from omnialign.engine.fsdp import dense_attention_grads
-
     torch.manual_seed(0)
     block = FluxSingleTransformerBlock(dim=32, num_attention_heads=2, attention_head_dim=16)
     seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
