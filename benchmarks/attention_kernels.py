@@ -13,6 +13,7 @@ flash's. Each case runs in a process of its own: an illegal memory access ends t
 
     python benchmarks/attention_kernels.py               # every case, a line each
     python benchmarks/attention_kernels.py cudnn view 1536   # one case
+    python benchmarks/attention_kernels.py cudnn padded 1536 /tmp/x 16   # one case at batch 16 (the FLUX recipes')
 """
 
 import subprocess
@@ -92,6 +93,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
-        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else tempfile.mkdtemp())
+        folder = sys.argv[4] if len(sys.argv) > 4 else tempfile.mkdtemp()
+        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), folder, *(int(b) for b in sys.argv[5:6]))
     else:
         main()
