@@ -2,14 +2,13 @@
 
 Issue 32's goal 2: the FLUX recipes kept cuDNN's attention out (`engine.cudnn_attention=false`) from 17d93a8, when
 its backward failed in FLUX.1's training on an H200, to c707bb8, and attention was 16% of FLUX's warm step on the
-flash kernel. This
-times both kernels on diffusers' layout (q, k, v as (B, S, H, D) tensors seen as (B, H, S, D)), on contiguous
-copies, through torch.compile (as the recipes' regional compile runs it), and with the output's gradient a slice of
-a wider tensor (`padded`, as FLUX's single blocks give it: their attention output is concatenated with the MLP's
-along features; the recipe failed in cuDNN's backward until the engine's `dense_attention_grads` copied it dense, but
-this case alone ran on an H100), at FLUX.1's sequence lengths
-(512 text tokens with 1024, 2048 or 4096 image tokens), and compares cuDNN's output and query gradient with
-flash's. Each case runs in a process of its own: an illegal memory access ends the CUDA context.
+flash kernel. This times both kernels on diffusers' layout (q, k, v as (B, S, H, D) tensors seen as (B, H, S, D)),
+on contiguous copies, through torch.compile (as the recipes' regional compile runs it), and with the output's
+gradient a slice of a wider tensor (`padded`, as FLUX's single blocks give it: their attention output is
+concatenated with the MLP's along features; the recipe failed in cuDNN's backward until the engine's
+`dense_attention_grads` copied it dense, but this case alone ran on an H100), at FLUX.1's sequence lengths (512 text
+tokens with 1024, 2048 or 4096 image tokens), and compares cuDNN's output and query gradient with flash's. Each case
+runs in a process of its own: an illegal memory access ends the CUDA context.
 
     python benchmarks/attention_kernels.py               # every case, a line each
     python benchmarks/attention_kernels.py cudnn view 1536   # one case
@@ -36,7 +35,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str) ->
         return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
-def run(kernel: str, layout: str, seq: int, folder: str, batch: int = 8, heads: int = 24, dim: int = 128,
+def run(kernel: str, layout: str, seq: int, folder: str, batch: int, heads: int = 24, dim: int = 128,
         iters: int = 10) -> None:  # fmt: skip
     torch.manual_seed(0)
     leaves = [torch.randn(batch, seq, heads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -94,6 +93,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1:
         folder = sys.argv[4] if len(sys.argv) > 4 else tempfile.mkdtemp()
-        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), folder, *(int(b) for b in sys.argv[5:6]))
+        batch = int(sys.argv[5]) if len(sys.argv) > 5 else 8
+        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), folder, batch)
     else:
         main()
