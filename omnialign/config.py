@@ -374,8 +374,9 @@ class EngineConfig:
     copies'); false restricts those blocks alone, not the rest of the process (engine/fsdp.py). With it, the blocks'
     attention modules hand the kernel a contiguous output gradient (`engine.fsdp.dense_attention_grads`), without
     which FLUX.1's backward failed in cuDNN (torch 2.11). cuDNN ran FLUX.1's warm step 5-8% faster than the flash
-    kernel on an H100 and Qwen-Image's masked attention faster too (BENCHMARKS.md). The FLUX.2 recipe turns it off:
-    its parallel blocks concatenate attention and MLP inside the attention module, where the hooks do not reach."""
+    kernel on an H100 and Qwen-Image's masked attention faster too (BENCHMARKS.md). The FLUX.2 recipes turn it off:
+    their parallel blocks concatenate attention and MLP inside the attention module, where the hooks do not reach
+    (klein's recipe ran two steps on cuDNN without failing, 3.6% faster, on an H100; FLUX.2-dev is not measured)."""
     fp8: bool = False
     """LoRA runs: store the frozen linear layers of the network's blocks in float8 e4m3 (a scale per output channel)
     and run their matmuls in FP8 (`torch._scaled_mm`, the input scaled per row) in rollout and training alike, so the

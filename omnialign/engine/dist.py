@@ -45,10 +45,11 @@ def init() -> World:
         device = torch.device("cpu")
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        device_id = device if device.type == "cuda" else None  # NCCL's communicator bound to this rank's GPU
         if "RANK" in os.environ:
-            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+            dist.init_process_group(backend, device_id=device_id)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
     return World(dist.get_rank(), dist.get_world_size(), device)
 
 

@@ -31,12 +31,15 @@ def _generators(seeds: torch.Tensor) -> list[torch.Generator]:
 
 def rollout_velocity(policy: DiffusionPolicy, config: RolloutConfig) -> VelocityFn:
     """`policy.velocity`; with `rollout.grad_graph`, a call made without grad runs with it and returns its output
-    detached, so that a compiled network runs the update's graph (a call with grad, the update's, is unchanged)."""
+    detached, so that a compiled network runs the update's graph (a call with grad, the update's, is unchanged).
+    Wan 2.2's low-noise expert is frozen and never replayed: its steps stay without grad (its velocity refuses a
+    low-noise step with grad, which would train nothing)."""
     if not config.grad_graph:
         return policy.velocity
+    two_experts = isinstance(policy, WanPolicy) and policy.transformer_2 is not None
 
     def velocity(latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or (two_experts and not policy.high_noise(sigma).all()):
             return policy.velocity(latents, sigma, cond)
         with torch.enable_grad():
             return policy.velocity(latents, sigma, cond).detach()
