@@ -29,6 +29,12 @@ def _generators(seeds: torch.Tensor) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(int(s)) for s in seeds]
 
 
+def high_noise(policy: DiffusionPolicy, sigma: torch.Tensor) -> torch.Tensor | None:
+    """Where Wan 2.2 A14B's trained high-noise expert runs, per sample (B,) bool (`WanPolicy.high_noise`); None for a
+    model with one network."""
+    return policy.high_noise(sigma) if isinstance(policy, WanPolicy) else None
+
+
 def rollout_velocity(policy: DiffusionPolicy, config: RolloutConfig) -> VelocityFn:
     """`policy.velocity`; with `rollout.grad_graph`, a call made without grad runs with it and returns its output
     detached, so that a compiled network runs the update's graph (a call with grad, the update's, is unchanged).
@@ -36,10 +42,12 @@ def rollout_velocity(policy: DiffusionPolicy, config: RolloutConfig) -> Velocity
     low-noise step with grad, which would train nothing)."""
     if not config.grad_graph:
         return policy.velocity
-    two_experts = isinstance(policy, WanPolicy) and policy.transformer_2 is not None
 
     def velocity(latents: torch.Tensor, sigma: torch.Tensor, cond: TensorDict) -> torch.Tensor:
-        if torch.is_grad_enabled() or (two_experts and not policy.high_noise(sigma).all()):
+        if torch.is_grad_enabled():
+            return policy.velocity(latents, sigma, cond)
+        high = high_noise(policy, sigma)
+        if high is not None and not high.all():  # Wan 2.2's frozen low-noise expert, never replayed
             return policy.velocity(latents, sigma, cond)
         with torch.enable_grad():
             return policy.velocity(latents, sigma, cond).detach()
@@ -83,7 +91,7 @@ def step_guidance(policy: DiffusionPolicy, sigma: torch.Tensor, config: RolloutC
         )
     if config.guidance_2 is None:
         return config.guidance
-    high = policy.high_noise(sigma) if isinstance(policy, WanPolicy) else None
+    high = high_noise(policy, sigma)
     if high is None:
         raise ValueError(
             f"rollout.guidance_2={config.guidance_2} is the guidance of Wan 2.2 A14B's low-noise expert, and this "
