@@ -5,7 +5,7 @@ omnialign train --list                       # the recipes, one line each
 omnialign train glyphs trainer.total_steps=40 rollout.n=8 --show
 omnialign train glyphs --resume auto         # continue from the newest checkpoint
 torchrun --nproc-per-node 4 -m omnialign train RECIPE   # FSDP2 over 4 processes
-omnialign export runs/glyphs/checkpoints/step_000200 --to out/   # PEFT/diffusers adapter or full model
+omnialign export runs/glyphs --to out/          # the newest checkpoint as a PEFT/diffusers adapter or full model
 omnialign judge --data DATA --base MODEL --adapter RUN --judge-url URL --out eval/results.jsonl  # docs/judge.md
 omnialign eval geneval --data META.jsonl --judge-url URL --out eval/geneval.jsonl  # docs/judge.md
 omnialign serve-reward ocr --port 8000       # a reward over HTTP (docs/rewards.md)
@@ -19,10 +19,20 @@ omnialign prepare offline-dpo PROMPTS OUT_DIR model.arch=sd3 model.path=DIR rewa
 
 import argparse
 import dataclasses
+import re
 import sys
+from importlib.metadata import version
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def summary_line(doc: str, width: int = 140) -> str:
+    """A docstring's first sentence on one line, cut at a word with an ellipsis beyond `width` characters."""
+    text = " ".join(doc.split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.(\s|$)", text)
+    text = text[: end.start() + 1] if end else text
+    return text if len(text) <= width else text[: text.rfind(" ", 0, width)] + " ..."
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -32,7 +42,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.list:
         width = max(map(len, RECIPES))
         for name, fn in RECIPES.items():
-            print(f"{name:<{width}}  {(fn.__doc__ or '').strip().splitlines()[0]}")
+            print(f"{name:<{width}}  {summary_line(fn.__doc__ or '')}")
         return
     rest = list(args.args)
     recipe = rest.pop(0) if rest and "=" not in rest[0] else DEFAULT
@@ -160,7 +170,15 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
 def cmd_export(args: argparse.Namespace) -> None:
     from omnialign.export import export
 
-    print(f"exported to {export(args.checkpoint, args.to)}")
+    try:
+        out = export(args.checkpoint, args.to)
+    except FileNotFoundError as e:
+        raise SystemExit(f"export: {e}") from None
+    if (out / "adapter_config.json").exists():
+        print(f"exported the LoRA adapter to {out}: PeftModel.from_pretrained(network, DIR), or with diffusers "
+              "pipeline.load_lora_weights(DIR)")  # fmt: skip
+    else:
+        print(f"exported the full network to {out}: load it with its class's from_pretrained(DIR)")
 
 
 def cmd_judge(args: argparse.Namespace) -> None:
@@ -200,6 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnialign", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--version", action="version", version=f"omnialign {version('omnialign')}")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a recipe", formatter_class=argparse.RawTextHelpFormatter,
                        description="omnialign train [RECIPE] [key=value ...]")  # fmt: skip
@@ -208,7 +227,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--show", action="store_true", help="print the resolved config with each field's doc and exit")
     t.add_argument("--resume", metavar="auto|CHECKPOINT", help="continue from the newest checkpoint or a given one")
     t.set_defaults(fn=cmd_train)
-    be = sub.add_parser("bench", help="speed and memory benchmarks (results go to BENCHMARKS.md)")
+    be = sub.add_parser("bench", help="speed and memory benchmarks: rows printed, and written as JSON with --out "
+                        "(BENCHMARKS.md records them)")  # fmt: skip
     be.add_argument("name", choices=["staging", "recipe", "language", "decode"])
     be.add_argument("--recipe", help="recipe: a Qwen-Image(-Edit), FLUX or Wan recipe (default "
                     "qwen_image_ocr_flowgrpo_lora); language: a qwen3/qwen3_omni recipe of dpo, grpo, dapo or gspo "
@@ -250,8 +270,9 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--decoders", nargs="+", choices=["transformers", "eager", "graph", "compiled"],
                     help="decode: which decoders, in this order (default: all)")  # fmt: skip
     be.add_argument("--work", default="runs/bench", help="recipe, language: scratch folder")
-    be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="trajectory window sizes")
-    be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"])
+    be.add_argument("--windows", type=int, nargs="+", default=[2, 10, 50], help="staging: trajectory window sizes")
+    be.add_argument("--modes", nargs="+", default=["off", "on", "prefetch"], choices=["off", "on", "prefetch"],
+                    help="staging: actor.timestep_staging off, on, and on with prefetch (CUDA)")  # fmt: skip
     be.add_argument("--tiny", action="store_true", help="a tiny config, to check the benchmark itself on a CPU")
     be.add_argument("--profile", metavar="DIR", help="recipe: the last step under the torch profiler; decode: each "
                     "static decoder for 1 and 17 tokens, and one decode step by kernel kind (step.json); traces "
@@ -259,7 +280,7 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--out", help="write the rows as JSON here")
     be.set_defaults(fn=cmd_bench)
     ex = sub.add_parser("export", help="write a checkpoint as a PEFT/diffusers adapter or a full model")
-    ex.add_argument("checkpoint", help="a runs/NAME/checkpoints/step_XXXXXX folder")
+    ex.add_argument("checkpoint", help="a runs/NAME/checkpoints/step_XXXXXX folder, or runs/NAME (its newest)")
     ex.add_argument("--to", required=True, help="output folder")
     ex.set_defaults(fn=cmd_export)
     pr = sub.add_parser("prepare", help="build data or pretrained assets")
@@ -421,7 +442,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    # overrides may follow the options too (`train glyphs --resume auto trainer.total_steps=400`): argparse leaves
+    # the words after an option to the positional list they belong to
+    listed = vars(args).get("args" if args.command == "train" else "overrides")
+    if extra and (listed is None or any(word.startswith("-") for word in extra)):
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        listed.extend(extra)
     args.fn(args)
 
 

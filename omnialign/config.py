@@ -8,6 +8,7 @@ the fix. Each field's docstring is its documentation (`omnialign train RECIPE --
 
 import ast
 import dataclasses
+import difflib
 import importlib.util
 import inspect
 import json
@@ -534,7 +535,17 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
         if not sep:
             raise ConfigError(f"override {item!r} is not of the form key=value (for example trainer.total_steps=40)")
         if key not in fields:
-            valid = "\n  ".join(f"{k}: {_type_name(t)}" for k, t in fields.items())
+            section, _, leaf = key.rpartition(".")
+            ratio = {k: difflib.SequenceMatcher(None, leaf, k.rpartition(".")[2]).ratio() for k in fields}
+            close = sorted(
+                (k for k in fields if ratio[k] >= 0.75), key=lambda k: (-ratio[k], not k.startswith(section))
+            )
+            close = close[:3]
+            if close:
+                raise ConfigError(f"unknown config key {key!r}; did you mean {' or '.join(close)}? "
+                                  "(`omnialign train RECIPE --show` lists every key with its doc)")  # fmt: skip
+            listed = [k for k in fields if k.startswith(section + ".")] if section else []
+            valid = "\n  ".join(f"{k}: {_type_name(fields[k])}" for k in listed or fields)
             raise ConfigError(f"unknown config key {key!r}. Valid keys:\n  {valid}")
         *parents, leaf = key.split(".")
         target = config

@@ -1,6 +1,6 @@
 """Export a training checkpoint for use outside omnialign.
 
-    omnialign export runs/NAME/checkpoints/step_000200 --to exported/
+    omnialign export runs/NAME/checkpoints/step_000200 --to exported/   # or runs/NAME: its newest checkpoint
 
 LoRA runs become an adapter folder that both ecosystems load directly:
 - `adapter_config.json` + `adapter_model.safetensors` (PEFT layout):
@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from omnialign.config import Config, from_dict
+from omnialign.engine import checkpoint
 from omnialign.models import LOADERS, lora
 from omnialign.trainer.ema import ParameterAverage
 
@@ -73,11 +74,28 @@ def write_adapter(net: torch.nn.Module, lora_config: "lora.LoraConfig", out_dir:
     return out_dir
 
 
+def find_checkpoint(path: Path) -> Path:
+    """A step_XXXXXX checkpoint folder, or a run folder's newest complete checkpoint."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} does not exist: give a run folder (runs/NAME) or one of its "
+                                "checkpoints/step_XXXXXX folders")  # fmt: skip
+    if (path / "checkpoints").is_dir():
+        found = checkpoint.latest(path)
+        if found is None:
+            raise FileNotFoundError(f"{path}: a run folder without a complete checkpoint in checkpoints/ "
+                                    "(trainer.save_every sets how often a run writes one)")  # fmt: skip
+        return found
+    return path
+
+
 def export(checkpoint_dir: Path, out_dir: Path) -> Path:
-    """Write the adapter (LoRA runs) or the full network (full fine-tuning) of a checkpoint to out_dir. The files
-    are written to a hidden folder beside it and renamed when complete: an interrupted export leaves no folder
-    that looks like an adapter without its weights (an existing out_dir is replaced only then)."""
+    """Write the adapter (LoRA runs) or the full network (full fine-tuning) of a checkpoint (or a run folder's
+    newest) to out_dir. The files are written to a hidden folder beside it and renamed when complete: an interrupted
+    export leaves no folder that looks like an adapter without its weights (an existing out_dir is replaced only
+    then)."""
     out_dir = Path(out_dir)
+    checkpoint_dir = find_checkpoint(checkpoint_dir)
     _, net, lora_config = load_trained_network(checkpoint_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

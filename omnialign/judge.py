@@ -653,8 +653,11 @@ def main(
     found = find_adapter(adapter) if adapter is not None else None
     config = build_config(base, found, list(overrides), seed)
     items = walk(config, data, split, modalities, max_samples)
+    stages = STAGES if stage == "all" else (stage,)
+    if stage == "all" and judge_url is not None and judge_model is None:  # an endpoint that is down fails now, not
+        judge_model = served_model(chat_url(judge_url))  # after the answers are generated
     summary = None
-    for name in STAGES if stage == "all" else (stage,):
+    for name in stages:
         if name == "judge":
             summary = run_judge(items, files, judge_url, judge_model, seed, concurrency, list(judge_media))
         else:

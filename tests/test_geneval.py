@@ -180,7 +180,10 @@ def test_reward_over_http(tmp_path):
 
 def test_unreachable_endpoint_and_bad_metadata():
     image = solid(0)[None]
-    with pytest.raises(RewardServerError, match="could not list the endpoint's models.*no answer after 3 attempts"):
+    with pytest.raises(
+        RewardServerError,
+        match="no answer after 3 attempts.*is the OpenAI-compatible endpoint up at http://127.0.0.1:9/v1",
+    ):
         geneval(image, ["a dog"], [{"include": [{"class": "dog", "count": 1}]}], url="http://127.0.0.1:9/v1")
     with pytest.raises(ValueError, match="geneval: sample 0 \\('a dog'\\): metadata include=None"):
         geneval(image, ["a dog"], [{"tag": "single_object"}], url="http://127.0.0.1:9/v1", model="m")

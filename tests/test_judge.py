@@ -279,6 +279,14 @@ def test_three_stages_resume_and_position_bias(world, tmp_path, monkeypatch):
     assert c["malformed"] == 3 and c["win"] + c["loss"] + c["tie"] == 6 and c["tie"] == 2
 
 
+def test_an_endpoint_that_is_down_fails_before_the_answers(world, tmp_path):
+    root, base = world
+    out = tmp_path / "down.jsonl"
+    with pytest.raises(SystemExit, match="is the OpenAI-compatible endpoint up at http://127.0.0.1:9/v1"):
+        run(data=root / "data", base=base, out=out, judge_url="http://127.0.0.1:9")
+    assert not judge.stage_files(out)["reference"].exists()
+
+
 def test_adapter_paths(world, tmp_path):
     root, base = world
     step = root / "run" / "checkpoints" / "step_000002"

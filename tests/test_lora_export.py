@@ -6,6 +6,7 @@ from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
 from peft import PeftModel
 
 from omnialign import export as export_module
+from omnialign.cli import main as cli
 from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
 from omnialign.export import export, load_trained_network, write_adapter
@@ -138,13 +139,27 @@ def test_an_interrupted_export_leaves_no_adapter_folder(tmp_path, monkeypatch):
     assert (export(ckpt, tmp_path / "adapter") / "pytorch_lora_weights.safetensors").exists()
 
 
-def test_exported_full_model_loads_with_from_pretrained(tmp_path):
+def test_exported_full_model_loads_with_from_pretrained(tmp_path, capsys):
     ckpt = trained_run(tmp_path)
     out = export(ckpt, tmp_path / "full")
     x, sigma, cond = inputs()
     policy = glyphs.load()
     policy.transformer = SD3Transformer2DModel.from_pretrained(out)
     torch.testing.assert_close(policy.velocity(x, sigma, cond), trained_velocity(ckpt, x, sigma, cond))
+    cli(["export", str(ckpt.parent.parent), "--to", str(tmp_path / "from_run")])  # the run folder: its newest
+    assert "exported the full network" in capsys.readouterr().out
+    assert (tmp_path / "from_run" / "config.json").read_text() == (out / "config.json").read_text()
+    policy.transformer = SD3Transformer2DModel.from_pretrained(tmp_path / "from_run")
+    torch.testing.assert_close(policy.velocity(x, sigma, cond), trained_velocity(ckpt, x, sigma, cond))
+
+
+def test_export_of_a_missing_or_empty_folder_names_it(tmp_path):
+    with pytest.raises(SystemExit, match=r"export: .*nowhere does not exist: give a run folder"):
+        cli(["export", str(tmp_path / "nowhere"), "--to", str(tmp_path / "out")])
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"export: .*run: a run folder without a complete checkpoint"):
+        cli(["export", str(tmp_path / "run"), "--to", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 def test_exported_adapter_layout_loads_into_a_diffusers_pipeline(tmp_path):

@@ -193,6 +193,16 @@ def test_cli_bad_override_fails_before_anything_loads(tmp_path):
     with pytest.raises(SystemExit, match="rollout.n='three': expected int"):
         cli(["train", "glyphs", "rollout.n=three", f"trainer.output_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())  # no run folder was created
+    with pytest.raises(SystemExit, match="did you mean trainer.total_steps"):
+        cli(["train", "glyphs", "trainer.total_step=3", f"trainer.output_dir={tmp_path}"])
+
+
+def test_cli_takes_overrides_after_the_options(capsys):
+    cli(["train", "glyphs", "--show", "trainer.total_steps=41", "rollout.n=4"])
+    shown = capsys.readouterr().out
+    assert "trainer.total_steps = 41" in shown and "rollout.n = 4" in shown
+    with pytest.raises(SystemExit):  # an unknown option is still refused
+        cli(["train", "glyphs", "--show", "--total-steps", "41"])
 
 
 def test_training_with_the_reward_behind_serve_reward_matches_in_process(tmp_path):

@@ -83,10 +83,14 @@ def served_model(url: str, api_key: str | None = None) -> str:
     """The first model an OpenAI-compatible endpoint lists (`GET {url}/models`), for when none is named."""
     try:
         listing = post_json(url.rstrip("/") + "/models", None, api_key or os.environ.get("OPENAI_API_KEY"), 30.0, 2)
+    except RewardServerError as e:
+        raise RewardServerError(f"{e}: is the OpenAI-compatible endpoint up at {url}? Start it, or correct its URL "
+                                "(--judge-url, or the reward's url option)") from None  # fmt: skip
+    try:
         return listing["data"][0]["id"]
-    except (RewardServerError, KeyError, IndexError, TypeError) as e:
-        raise RewardServerError(f"{url}/models: could not list the endpoint's models ({e}); name the model "
-                                "(--judge-model, or the reward's model option)") from None  # fmt: skip
+    except (KeyError, IndexError, TypeError):
+        raise RewardServerError(f"{url}/models lists no model ({listing!r:.200}); name one (--judge-model, or the "
+                                "reward's model option)") from None  # fmt: skip
 
 
 def chat_each(
