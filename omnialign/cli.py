@@ -9,8 +9,8 @@ omnialign export runs/glyphs --to out/          # the newest checkpoint as a PEF
 omnialign judge --data DATA --base MODEL --adapter RUN --judge-url URL --out eval/results.jsonl  # docs/judge.md
 omnialign eval geneval --data META.jsonl --judge-url URL --out eval/geneval.jsonl  # docs/judge.md
 omnialign serve-reward ocr --port 8000       # a reward over HTTP (docs/rewards.md)
-omnialign prepare glyphs                     # retrain the shipped glyphs base model and OCR
-omnialign prepare choice                     # retrain the shipped choice-world language model
+omnialign prepare glyphs --out DIR           # retrain the glyphs world (base models, OCR, gold judge)
+omnialign prepare choice --out DIR           # retrain the choice-world language model
 omnialign prepare avqa ITEMS.json OUT.parquet  # also mmk12, omni-preference (omnialign/data/omni.py)
 omnialign prepare ocr INPUT_DIR OUT_DIR      # OCR prompt files (train.txt, test.txt) to parquet (docs/data.md)
 omnialign prepare edit EDITS.jsonl OUT.parquet  # instruction + source images to a prompt parquet (docs/data.md)
@@ -60,7 +60,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     try:
         main(config, resume=args.resume)
-    except (ConfigError, NonFiniteUpdate) as e:
+    except (ConfigError, NonFiniteUpdate, FileNotFoundError) as e:  # the last: a model folder that lacks a part
         raise SystemExit(f"stopped: {e}") from None
 
 
@@ -76,7 +76,10 @@ def with_options(config: T, args: argparse.Namespace) -> T:
 def cmd_prepare(args: argparse.Namespace) -> None:
     from omnialign.worlds.glyphs.pretrain import PretrainConfig, prepare_glyphs
 
-    prepare_glyphs(with_options(PretrainConfig(), args))
+    try:
+        prepare_glyphs(with_options(PretrainConfig(), args))
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"prepare glyphs: {e}") from None
 
 
 def cmd_prepare_ocr(args: argparse.Namespace) -> None:
@@ -235,7 +238,7 @@ def parser() -> argparse.ArgumentParser:
                     "(default qwen3_omni_dpo)")  # fmt: skip
     be.add_argument("--prompts", type=int, help="recipe, language: prompts (DPO: pairs) per GPU per step "
                     "(default: recipe 8; language the recipe's data.prompts_per_step); decode: the batch "
-                    "(128)")  # fmt: skip
+                    "(128; --tiny 4)")  # fmt: skip
     be.add_argument("--steps", type=int, default=1, help="recipe, language: measured training steps")
     be.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="recipe, language: config overrides")
     be.add_argument("--deterministic", default="off", choices=["off", "both"], help="recipe: both runs the "
@@ -254,13 +257,9 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--towers", default="full", choices=["full", "shrunk"],
                     help="language (qwen3_omni): the thinker's vision and audio towers at their released size "
                     "or tiny")  # fmt: skip
-    be.add_argument("--prompt-len", type=int, default=256, help="language (RL), decode: prompt tokens")
-    be.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=512,
-        help="language (RL): generation.max_new_tokens; decode: tokens sampled",
-    )
+    be.add_argument("--prompt-len", type=int, help="language (RL), decode: prompt tokens (256; decode --tiny 16)")
+    be.add_argument("--max-new-tokens", type=int, help="language (RL): generation.max_new_tokens; decode: tokens "
+                    "sampled (512; decode --tiny 8)")  # fmt: skip
     be.add_argument("--peak", type=float, default=786.0, help="recipe: bf16 matmul peak TFLOP/s for MFU")
     be.add_argument("--bandwidth", type=float, help="decode: memory bandwidth TB/s for the bound (default: the "
                     "card's nominal figure, H100 SXM 3.35, H200 4.8; --tiny: 4.8)")  # fmt: skip
@@ -290,9 +289,11 @@ def parser() -> argparse.ArgumentParser:
         help="pretrain the glyphs world: gold judge, reward recognizer, base generator",
         description="Defaults and meanings: PretrainConfig, omnialign/worlds/glyphs/pretrain.py",
     )
-    pr.add_argument("--out", help="output folder (default: the package's shipped assets)")
-    pr.add_argument("--seed", type=int)
-    pr.add_argument("--device", help="cpu, cuda or auto (default)")
+    pr.add_argument("--out", required=True, help="output folder; omnialign/worlds/glyphs/assets rebuilds the shipped "
+                    "world in place. Train on another with model.path=OUT reward.options='{\"glyph_ocr\": {\"path\": "
+                    "\"OUT/recognizer\"}, \"glyph_gold\": {\"path\": \"OUT/gold\"}}'")  # fmt: skip
+    pr.add_argument("--seed", type=int, help="seed of every draw (images, noise, initial weights; default 0)")
+    pr.add_argument("--device", help="cpu, cuda or auto (default: cuda when there is one)")
     for name in ("gold-steps", "recognizer-steps", "clean-steps", "noisy-steps", "eval-every", "fool-rounds",
                  "fool-steps", "refresh-steps", "edit-steps", "video-steps", "video-noisy-steps",
                  "video-batch", "video-patch", "video-eval-seeds"):  # fmt: skip
@@ -355,7 +356,8 @@ def parser() -> argparse.ArgumentParser:
     pe.add_argument("--size", metavar="WxH", help="resize stored images to WxH pixels, e.g. 512x512")
     pe.set_defaults(fn=cmd_prepare_edit)
     pc = prep.add_parser("choice", help="pretrain the choice world's base language model and its noised student")
-    pc.add_argument("--out", help="output folder (default: the package's shipped assets)")
+    pc.add_argument("--out", required=True, help="output folder; omnialign/worlds/choice/assets rebuilds the shipped "
+                    "model in place")  # fmt: skip
     pc.add_argument("--seed", type=int)
     pc.add_argument("--steps", type=int, help="optimizer steps in all")
     pc.add_argument("--clean-steps", type=int, help="steps of the unbiased first stage (saved as teacher/)")

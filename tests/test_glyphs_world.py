@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from omnialign.cli import main as cli
 from omnialign.config import ModelConfig
 from omnialign.diffusion.sampling import sample
 from omnialign.worlds.glyphs import model as glyphs
@@ -196,3 +197,12 @@ def test_prepare_glyphs_stages_write_loadable_models(tmp_path):
     assert sum(verdict) in (0.0, 1.0) and verdict.info[0]["person"] in (0.0, 1.0)
     with pytest.raises(ValueError, match="unknown"):
         prepare_glyphs(PretrainConfig(out=str(tmp_path), stages=["nothing"]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_prepare_glyphs_needs_its_out_folder_and_a_device_that_exists(tmp_path):
+    with pytest.raises(SystemExit):  # no --out: the shipped assets are replaced only when named
+        cli(["prepare", "glyphs"])
+    with pytest.raises(SystemExit, match="--device cuda: this torch .* sees no CUDA device; pass --device cpu"):
+        cli(["prepare", "glyphs", "--out", str(tmp_path / "world"), "--device", "cuda"])
+    assert not (tmp_path / "world").exists()

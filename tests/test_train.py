@@ -197,6 +197,15 @@ def test_cli_bad_override_fails_before_anything_loads(tmp_path):
         cli(["train", "glyphs", "trainer.total_step=3", f"trainer.output_dir={tmp_path}"])
 
 
+def test_a_missing_path_fails_before_the_run_folder_is_made(tmp_path):
+    with pytest.raises(SystemExit, match=r"data.pairs='nowhere/pairs' does not exist .*give the local path"):
+        cli(["train", "sd3_offline_dpo", f"model.path={tmp_path}", "data.pairs=nowhere/pairs",
+             f"trainer.output_dir={tmp_path / 'runs'}"])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"data.prompts='nowhere.parquet' does not exist"):
+        cli(["train", "glyphs", "data.prompts=nowhere.parquet", f"trainer.output_dir={tmp_path / 'runs'}"])
+    assert not (tmp_path / "runs").exists()
+
+
 def test_cli_takes_overrides_after_the_options(capsys):
     cli(["train", "glyphs", "--show", "trainer.total_steps=41", "rollout.n=4"])
     shown = capsys.readouterr().out

@@ -39,13 +39,15 @@ def main(name: str, args) -> None:
     if name == "staging":
         rows = bench_staging(args.windows, args.modes, args.tiny)
     elif name == "decode":
-        rows = bench_decode(args.prompts or 128, args.tiny, args.model_size, args.prompt_len, args.max_new_tokens,
+        small = args.tiny  # --tiny checks the bench on a CPU in seconds: a small batch, short prompts and answers
+        rows = bench_decode(args.prompts or (4 if small else 128), args.tiny, args.model_size,
+                            args.prompt_len or (16 if small else 256), args.max_new_tokens or (8 if small else 512),
                             args.bandwidth, args.logit_scale, Path(args.profile) if args.profile else None,
                             args.decoders)  # fmt: skip
     elif name == "language":
         rows = bench_language(args.recipe or "qwen3_omni_dpo", args.prompts, args.steps, args.tiny,
-                              Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len,
-                              args.max_new_tokens, args.media, args.towers)  # fmt: skip
+                              Path(args.work), args.set, args.model_size, args.seq_len, args.prompt_len or 256,
+                              args.max_new_tokens or 512, args.media, args.towers)  # fmt: skip
     else:
         rows = bench_recipe(args.recipe or "qwen_image_ocr_flowgrpo_lora", args.prompts or 8, args.steps, args.tiny,
                             args.peak, Path(args.work), args.set,

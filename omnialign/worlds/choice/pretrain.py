@@ -1,6 +1,6 @@
 """Pretrain the choice world's base model from a seed on a CPU (a few minutes), its teacher and its noised student.
 
-    omnialign prepare choice                      # writes omnialign/worlds/choice/assets/ (what ships)
+    omnialign prepare choice --out omnialign/worlds/choice/assets   # rebuilds what ships
     omnialign prepare choice --out /tmp/choice --steps 300 --clean-steps 200
 
 A tiny `Qwen3ForCausalLM` (byte tokenizer with `<answer>` and `</answer>` as single tokens) learns to

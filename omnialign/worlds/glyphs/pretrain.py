@@ -1,7 +1,7 @@
 """Pretrain the glyphs world from a seed: the gold judge, the reward's recognizer and the base generator,
 then harden the recognizer against what RL finds to fool it.
 
-    omnialign prepare glyphs --device cuda                # writes omnialign/worlds/glyphs/assets/ (what ships)
+    omnialign prepare glyphs --out omnialign/worlds/glyphs/assets --device cuda   # rebuilds what ships
     omnialign prepare glyphs --out /tmp/glyphs --stages base fooling   # later stages from earlier ones in --out
     omnialign prepare glyphs --out /tmp/g --gold-steps 50 --recognizer-steps 50 --clean-steps 50 \
         --noisy-steps 20 --stages gold recognizer teacher base    # a quick check of the script itself
@@ -184,6 +184,9 @@ def stored_images(path: str | Path) -> torch.Tensor:
 
 
 def pick_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device; pass --device cpu "
+                         "or auto")  # fmt: skip
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 

@@ -72,7 +72,8 @@ def load(config: ModelConfig | None = None) -> GlyphsVideoPolicy:
     root = Path(config.path) if config.path else VIDEO
     if not (root / "transformer").is_dir():
         raise FileNotFoundError(
-            f"no glyphs video model at {root}: run `omnialign prepare glyphs --stages video_teacher video`"
+            f"no glyphs video model at {root}: run `omnialign prepare glyphs --out {root.parent} --stages "
+            "video_teacher video`"
         )
     transformer = WanTransformer3DModel.from_pretrained(root / "transformer", torch_dtype=getattr(torch, config.dtype))
     if config.transformer_only:
