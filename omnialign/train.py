@@ -21,7 +21,7 @@ from omnialign.trainer.objectives import ALGORITHMS
 from omnialign.trainer.online import OnlineTrainer
 
 
-def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
+def resolve_resume(run_dir: Path, resume: str | None, total_steps: int) -> Path | None:
     """'auto' -> the newest checkpoint of the run (None if there is none); a path -> that checkpoint."""
     if resume is None:
         if checkpoint.latest(run_dir) is not None:
@@ -33,6 +33,9 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
     if resume == "auto":
         found = checkpoint.latest(run_dir)
         print(f"--resume auto: {'continuing from ' + str(found) if found else 'no checkpoint yet, starting fresh'}")
+        if found is not None and int(found.name.removeprefix("step_")) >= total_steps:
+            print(f"{found.name} has reached trainer.total_steps={total_steps}: nothing left to train (raise "
+                  f"trainer.total_steps to go on, e.g. trainer.total_steps={2 * total_steps})")  # fmt: skip
         return found
     return Path(resume)
 
@@ -109,7 +112,7 @@ def main(config: Config, resume: str | None = None) -> dict:
     check_world_size(config, world.size)
     dist.seed_everything(config.seed)
     run_dir = Path(config.trainer.output_dir) / config.name
-    resume_path = resolve_resume(run_dir, resume)
+    resume_path = resolve_resume(run_dir, resume, config.trainer.total_steps)
     if resume_path is not None:
         check_resume_config(json.loads((resume_path.parent.parent / "config.json").read_text()), config)
     if world.is_main:

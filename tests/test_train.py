@@ -92,10 +92,13 @@ def test_resume_continues_identically(tmp_path):
     assert a == b
 
 
-def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
+def test_new_run_refuses_to_overwrite_checkpoints(tmp_path, capsys):
     main(debug_config(tmp_path, "trainer.total_steps=1", "trainer.val_every=1"))
     with pytest.raises(SystemExit, match="--resume auto"):
         main(debug_config(tmp_path, "trainer.total_steps=1"))
+    capsys.readouterr()
+    main(debug_config(tmp_path, "trainer.total_steps=1", "trainer.val_every=1"), resume="auto")
+    assert "step_000001 has reached trainer.total_steps=1: nothing left to train" in capsys.readouterr().out
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
