@@ -22,7 +22,8 @@ from omnialign.trainer.online import OnlineTrainer
 
 
 def resolve_resume(run_dir: Path, resume: str | None, total_steps: int) -> Path | None:
-    """'auto' -> the newest checkpoint of the run (None if there is none); a path -> that checkpoint."""
+    """'auto' -> the newest checkpoint of the run (None if there is none); a checkpoint folder -> it; a run folder ->
+    its newest checkpoint."""
     if resume is None:
         if checkpoint.latest(run_dir) is not None:
             raise SystemExit(
@@ -37,7 +38,14 @@ def resolve_resume(run_dir: Path, resume: str | None, total_steps: int) -> Path 
             print(f"{found.name} has reached trainer.total_steps={total_steps}: nothing left to train (raise "
                   f"trainer.total_steps to go on, e.g. trainer.total_steps={2 * total_steps})")  # fmt: skip
         return found
-    return Path(resume)
+    path = Path(resume)
+    if (path / "checkpoints").is_dir():  # a run folder: its newest checkpoint
+        path = checkpoint.latest(path) or path
+    if not (path / ".metadata").is_file():
+        raise ConfigError(f"--resume {resume}: {'not a complete checkpoint' if path.is_dir() else 'does not exist'}; "
+                          "give auto (this run's newest), a run folder, or a checkpoint folder "
+                          "runs/NAME/checkpoints/step_XXXXXX")  # fmt: skip
+    return path
 
 
 RESUMABLE = (

@@ -65,6 +65,8 @@ def test_prompt_files_of_every_kind(tmp_path):
     for name in ("p.json", "p.jsonl"):
         assert load_prompt_set(str(tmp_path / name)) == (["a cat", "a dog"], [{}, {"ground_truth": "DOG"}])
     assert load_prompts("digits") == list("0123456789")  # glyphs sets still by name
+    (tmp_path / "bom.txt").write_bytes("a cat\na dog\n".encode("utf-8-sig"))  # as Windows editors save it
+    assert read_prompt_file(tmp_path / "bom.txt") == (["a cat", "a dog"], [{}, {}])
 
 
 @pytest.mark.parametrize(
@@ -80,6 +82,15 @@ def test_prompt_file_errors(tmp_path, name, text, message):
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=message):
         read_prompt_file(tmp_path / name)
+
+
+def test_unreadable_prompt_files_are_named(tmp_path):
+    (tmp_path / "latin.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin.txt: not UTF-8 text \(byte 3: invalid continuation byte\)"):
+        read_prompt_file(tmp_path / "latin.txt")
+    (tmp_path / "cut.parquet").write_bytes(b"PAR1 half a file")
+    with pytest.raises(ValueError, match=r"cut.parquet: not a readable parquet file \(.*\); write it again"):
+        read_prompt_file(tmp_path / "cut.parquet")
 
 
 def test_parquet_without_prompt_column_names_file_column_and_columns_found(tmp_path):

@@ -204,6 +204,15 @@ def test_failing_optional_reward_scores_zero_and_a_required_one_stops(bad, caplo
         score(texts, ["q", "q"], metadata, RewardConfig(weights={"choice": 1.0, name: 1.0}))
 
 
+def test_scores_refuse_strings_bools_and_none():
+    """A reward that builds its own Scores (as the HTTP client does) gets the same refusal as one returning a list."""
+    with pytest.raises(TypeError, match=r"Scores got str '0.5' \(1 such\): a reward returns numbers"):
+        Scores(["0.5", 1.0])
+    with pytest.raises(TypeError, match="Scores got bool True"):
+        Scores([True, 0.0])
+    assert Scores([1, 0.5]) == [1.0, 0.5] and Scores(torch.tensor([0.25, 1.0])) == [0.25, 1.0]
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="'nope' is not a key of omnialign.rewards.REWARDS"):
         resolve(RewardConfig(weights={"nope": 1.0}))

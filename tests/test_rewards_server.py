@@ -550,3 +550,31 @@ def test_every_client_call_has_a_whole_request_deadline_and_a_reply_cap():
         assert TrickleHandler.requests == 3  # not retried
         with pytest.raises(RewardServerError, match=r"/garbage: the reply is not JSON"):
             post_json(f"{url}/garbage", {}, retries=3, **FAST)
+
+
+class ReplyHandler(JSONHandler):
+    """Answers every POST with `reply`, whatever was sent."""
+
+    reply: object = None
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.answer(200, ReplyHandler.reply)
+
+
+@pytest.mark.parametrize("reply, message", [
+    ({"scores": ["0.5", "0.5"], "info": [{}, {}]}, r'"scores"\[0\] is \'0.5\' \(2 such\): scores are JSON numbers'),
+    ({"scores": [1.0, True], "info": [{}, {}]}, r'"scores"\[1\] is True \(1 such\)'),
+    ({"scores": [None, 1.0], "info": [{}, {}]}, r'"scores"\[0\] is None'),
+    ([0.5, 0.5], r"the reply is a list, not an object"),
+    ({"scores": [0.5, 0.5]}, r'"info" is missing, not a list of 2 objects'),
+    ({"scores": [0.5], "info": [{}]}, r'"scores" is a list of 1, not a list of 2 numbers; "info" is a list of 1'),
+])  # fmt: skip
+def test_a_malformed_reward_reply_is_refused_naming_the_field(reply, message):
+    """A server's scores are trained on: strings, booleans and nulls are refused, not converted ("0.5" and true were
+    read as 0.5 and 1.0 before), and a reply of the wrong form names what is missing."""
+    ReplyHandler.reply = reply
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), ReplyHandler)) as server:
+        remote = RemoteReward(f"http://127.0.0.1:{server.server_address[1]}", retries=0, **FAST)
+        with pytest.raises(RewardServerError, match=rf"/score: {message}"):
+            remote(["a", "b"], ["q", "q"], [{}, {}])

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 
 from omnialign.batch import Trajectory
 from omnialign.cli import main as cli
-from omnialign.config import apply_overrides, validate
+from omnialign.config import ConfigError, apply_overrides, validate
 from omnialign.engine import checkpoint, optim
 from omnialign.engine.dist import World
 from omnialign.engine.optim import NonFiniteUpdate
@@ -99,6 +99,10 @@ def test_new_run_refuses_to_overwrite_checkpoints(tmp_path, capsys):
     capsys.readouterr()
     main(debug_config(tmp_path, "trainer.total_steps=1", "trainer.val_every=1"), resume="auto")
     assert "step_000001 has reached trainer.total_steps=1: nothing left to train" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"--resume .*nowhere: does not exist; give auto .*, a run folder, or"):
+        main(debug_config(tmp_path, "trainer.total_steps=1"), resume=str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"--resume .*checkpoints: not a complete checkpoint"):
+        main(debug_config(tmp_path, "trainer.total_steps=1"), resume=str(tmp_path / "debug" / "checkpoints"))
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -198,6 +202,10 @@ def test_cli_bad_override_fails_before_anything_loads(tmp_path):
     assert not any(tmp_path.iterdir())  # no run folder was created
     with pytest.raises(SystemExit, match="did you mean trainer.total_steps"):
         cli(["train", "glyphs", "trainer.total_step=3", f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match="actor.max_grad_norm=-1.0 must be > 0"):  # it would flip the gradient
+        cli(["train", "glyphs", "actor.max_grad_norm=-1", f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match="actor.lr=0.0 must be > 0"):
+        cli(["train", "glyphs", "actor.lr=0", f"trainer.output_dir={tmp_path}"])
 
 
 def test_a_missing_path_fails_before_the_run_folder_is_made(tmp_path):

@@ -18,6 +18,7 @@ step itself, and every rank computes the same global list before taking its shar
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -38,6 +39,14 @@ def _prompt_item(item: object, where: str) -> tuple[str, dict]:
     return prompt, meta
 
 
+def _text(path: Path) -> str:
+    """A text file's contents; a UTF-8 byte-order mark is dropped, not made part of the first prompt."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
+
+
 def read_prompt_file(path: str | Path) -> tuple[list[str], list[dict]]:
     """Prompts and their metadata dicts (one per prompt) from a .txt, .json, .jsonl or .parquet file."""
     path = Path(path)
@@ -46,7 +55,10 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[dict]]:
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist")
     if path.suffix == ".parquet":
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except pa.ArrowException as e:
+            raise ValueError(f"{path}: not a readable parquet file ({e}); write it again, e.g. with pyarrow") from None
         if "prompt" not in table.column_names:
             raise ValueError(
                 f"{path}: no column 'prompt'; columns found: {table.column_names}. "
@@ -55,19 +67,20 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[dict]]:
         rows = table.to_pylist()
         items = [(row, f"{path} row {i}") for i, row in enumerate(rows)]
     elif path.suffix == ".txt":
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = _text(path).splitlines()
         items = [(line.strip(), f"{path}:{i}") for i, line in enumerate(lines, 1) if line.strip()]
     elif path.suffix == ".jsonl":
         items = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for i, line in enumerate(_text(path).splitlines(), 1):
             if line.strip():
                 try:
                     items.append((json.loads(line), f"{path}:{i}"))
                 except ValueError as e:
                     raise ValueError(f"{path}:{i}: not JSON ({e}): {line!r:.200}") from None
     else:
+        text = _text(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(text)
         except ValueError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
         if not isinstance(data, list):

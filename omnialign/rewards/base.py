@@ -25,6 +25,10 @@ class Scores(list):
     """A list of B floats and `info`, B dicts of per-sample details (JSON-serialisable)."""
 
     def __init__(self, values: list[float], info: list[dict] | None = None):
+        wrong = [v for v in values if isinstance(v, str | bytes | bool) or v is None]
+        if wrong:
+            raise TypeError(f"Scores got {type(wrong[0]).__name__} {wrong[0]!r} ({len(wrong)} such): a reward returns "
+                            "numbers, never strings, bools or None")  # fmt: skip
         super().__init__(float(v) for v in values)
         self.info = [{} for _ in self] if info is None else list(info)
         if len(self.info) != len(self):

@@ -133,6 +133,31 @@ def _png(source: object, i: int) -> str:
     return base64.b64encode(to_png(source)).decode()
 
 
+def check_reply(reply: object, n: int, where: str) -> None:
+    """RewardServerError naming the field unless `reply` is {"scores": n numbers, "info": n objects}."""
+    if not isinstance(reply, dict):
+        raise RewardServerError(f'{where}: the reply is a {type(reply).__name__}, not an object {{"scores": [...], '
+                                f'"info": [...]}}: {reply!r:.300}')  # fmt: skip
+    scores, info, problems = reply.get("scores"), reply.get("info"), []
+    if not isinstance(scores, list) or len(scores) != n:
+        problems.append(f'"scores" is {_shown(scores)}, not a list of {n} numbers')
+    else:
+        wrong = [(i, v) for i, v in enumerate(scores) if isinstance(v, bool) or not isinstance(v, int | float)]
+        if wrong:
+            problems.append(f'"scores"[{wrong[0][0]}] is {wrong[0][1]!r} ({len(wrong)} such): scores are JSON '
+                            "numbers, never strings, booleans or null")  # fmt: skip
+    if not isinstance(info, list) or len(info) != n or not all(isinstance(d, dict) for d in info):
+        problems.append(f'"info" is {_shown(info)}, not a list of {n} objects (send {{}} for a sample without details)')
+    if problems:
+        raise RewardServerError(f"{where}: {'; '.join(problems)}")
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "missing"
+    return f"a list of {len(value)}" if isinstance(value, list) else f"{type(value).__name__} {value!r:.60}"
+
+
 class RemoteReward:
     """A reward served by `omnialign serve-reward` at `url`, called like a plain reward function."""
 
@@ -195,9 +220,7 @@ class RemoteReward:
                              "--reference-images`) or score that reward in process") from None  # fmt: skip
         body.update(prompts=list(prompts[lo:hi]), metadata=meta)
         reply = post_json(f"{self.url}/score", body, self.token, **self.retry)
-        scores, info = reply.get("scores"), reply.get("info")
-        if not isinstance(scores, list) or len(scores) != hi - lo or not isinstance(info, list) or len(info) != hi - lo:
-            raise RewardServerError(f"{self.url}/score: reply does not hold {hi - lo} scores and info: {reply!r:.300}")
+        check_reply(reply, hi - lo, f"{self.url}/score")
         return reply
 
     def health(self) -> dict:
