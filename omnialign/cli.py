@@ -228,7 +228,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("args", nargs="*", help="recipe name (default glyphs), then dotted key=value overrides")
     t.add_argument("--list", action="store_true", help="list the recipes and exit")
     t.add_argument("--show", action="store_true", help="print the resolved config with each field's doc and exit")
-    t.add_argument("--resume", metavar="auto|CHECKPOINT", help="continue from the newest checkpoint or a given one")
+    t.add_argument("--resume", metavar="auto|PATH", help="continue from this run's newest checkpoint (auto), a run "
+                   "folder's newest, or a checkpoint folder")  # fmt: skip
     t.set_defaults(fn=cmd_train)
     be = sub.add_parser("bench", help="speed and memory benchmarks: rows printed, and written as JSON with --out "
                         "(BENCHMARKS.md records them)")  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omnialign import rewards, trackers
 from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, check_world_size, flat_values, to_dict
-from omnialign.data.prompts import PROMPT_FILE_TYPES
+from omnialign.data.prompts import PROMPT_FILE_TYPES, load_prompt_set
 from omnialign.engine import checkpoint, dist, optim
 from omnialign.metrics import write_atomic
 from omnialign.models import IMAGE_SIZES, LOADERS, check_image_size
@@ -90,9 +90,10 @@ def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
     write_atomic(run_dir / "config.json", json.dumps(to_dict(config), indent=2))
 
 
-def check_paths(config: Config) -> None:
+def check_inputs(config: Config) -> None:
     """ConfigError for a model, teacher, prompt file or pair folder the config names that does not exist (nothing is
-    downloaded: each is a local path), before the run folder is made."""
+    downloaded: each is a local path), or a prompt file of the online trainer that does not parse, before the run
+    folder is made."""
     d = config.data
     named = {"model.path": config.model.path, "algorithm.teacher_path": config.algorithm.teacher_path,
              "data.pairs": d.pairs, "data.val_pairs": d.val_pairs, "data.prompts": d.prompts,
@@ -103,11 +104,17 @@ def check_paths(config: Config) -> None:
         if value is not None and not Path(value).exists():
             raise ConfigError(f"{key}={value!r} does not exist (from {Path.cwd()}): give the local path "
                               "(nothing is downloaded)")  # fmt: skip
+    if config.algorithm.name in ALGORITHMS:  # the online diffusion trainer's prompt files: a bad row fails here
+        for prompts in (d.prompts, d.val_prompts):
+            try:
+                load_prompt_set(prompts)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 def main(config: Config, resume: str | None = None) -> dict:
     """Train `config` (validated) and return the validation summary (before/after)."""
-    check_paths(config)
+    check_inputs(config)
     if config.model.arch not in LOADERS:
         raise ConfigError(f"model.arch={config.model.arch!r}: choose one of {sorted(LOADERS)}")
     if config.algorithm.name not in (*ALGORITHMS, *LANGUAGE_ALGORITHMS, "diffusion_dpo"):

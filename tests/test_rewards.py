@@ -204,6 +204,14 @@ def test_failing_optional_reward_scores_zero_and_a_required_one_stops(bad, caplo
         score(texts, ["q", "q"], metadata, RewardConfig(weights={"choice": 1.0, name: 1.0}))
 
 
+def test_non_finite_images_are_named_as_the_cause_of_non_finite_scores():
+    """A diverged policy draws NaN images; the reward that scores them NaN is not what failed."""
+    images = torch.full((2, 1, 32, 32), 0.5)
+    images[1, 0, 3, 3] = float("nan")
+    with pytest.raises(RewardError, match="for outputs that hold non-finite values: the policy diverged"):
+        score(images, ["3", "4"], [{}, {}], RewardConfig(weights={"glyph_ocr": 1.0}))
+
+
 def test_scores_refuse_strings_bools_and_none():
     """A reward that builds its own Scores (as the HTTP client does) gets the same refusal as one returning a list."""
     with pytest.raises(TypeError, match=r"Scores got str '0.5' \(1 such\): a reward returns numbers"):

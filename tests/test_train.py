@@ -214,6 +214,9 @@ def test_a_missing_path_fails_before_the_run_folder_is_made(tmp_path):
              f"trainer.output_dir={tmp_path / 'runs'}"])  # fmt: skip
     with pytest.raises(SystemExit, match=r"data.prompts='nowhere.parquet' does not exist"):
         cli(["train", "glyphs", "data.prompts=nowhere.parquet", f"trainer.output_dir={tmp_path / 'runs'}"])
+    (tmp_path / "bad.jsonl").write_text('"3"\n{"caption": "7"}\n')
+    with pytest.raises(SystemExit, match=r"stopped: .*bad.jsonl:2: expected a non-empty prompt string or an object"):
+        cli(["train", "glyphs", f"data.prompts={tmp_path / 'bad.jsonl'}", f"trainer.output_dir={tmp_path / 'runs'}"])
     assert not (tmp_path / "runs").exists()
 
 

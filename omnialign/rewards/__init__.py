@@ -165,6 +165,10 @@ def _call(fn: RewardFn, outputs: Outputs, prompts: list[str], metadata: list[dic
                             "numbers (int or float), never strings or bools")  # fmt: skip
         scores = values if isinstance(values, Scores) else Scores(values)
         big = [v for v in scores if not math.isfinite(v) or abs(v) > FLOAT32_MAX]
+        if big and isinstance(outputs, torch.Tensor) and not outputs.isfinite().all():
+            raise ValueError(f"returned non-finite scores {big[:8]} for outputs that hold non-finite values: the "
+                             "policy diverged (look at actor/grad_norm and the loss before this step; lower actor.lr "
+                             "or actor.max_grad_norm)")  # fmt: skip
         if big:
             raise ValueError(f"returned non-finite scores (or beyond float32, which training uses) {big[:8]}")
         return scores
