@@ -709,8 +709,8 @@ def validate(config: Config) -> Config:
                                        and a.mini_batch_size % multiple == 0),
          f"actor.mini_batch_size={a.mini_batch_size} must divide the training batch {batch} ({unit})"),
         (config.model.lora.rank >= 0, f"model.lora.rank={config.model.lora.rank} must be >= 0"),
-        (a.lr > 0, f"actor.lr={a.lr} must be > 0 (AdamW's learning rate; the recipes use 5e-6 to 3e-4)"),
-        (a.max_grad_norm > 0,
+        (not a.lr <= 0, f"actor.lr={a.lr} must be > 0 (AdamW's learning rate; the recipes use 5e-6 to 3e-4)"),
+        (not a.max_grad_norm <= 0,  # NaN: the finite check below names it
          f"actor.max_grad_norm={a.max_grad_norm} must be > 0: gradients are clipped to this norm (0 would zero them "
          "and a negative one flip them); a large value such as 1e9 turns clipping off"),
         (config.engine.checkpoint_every >= 1,

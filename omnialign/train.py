@@ -95,9 +95,12 @@ def check_inputs(config: Config) -> None:
     downloaded: each is a local path), or a prompt file of the online trainer that does not parse, before the run
     folder is made."""
     d = config.data
-    named = {"model.path": config.model.path, "algorithm.teacher_path": config.algorithm.teacher_path,
-             "data.pairs": d.pairs, "data.val_pairs": d.val_pairs, "data.prompts": d.prompts,
-             "data.val_prompts": d.val_prompts}  # fmt: skip
+    if config.algorithm.name == "diffusion_dpo" and not d.pairs:
+        raise ConfigError("algorithm.name=diffusion_dpo trains on stored pairs: set data.pairs=DIR (written by "
+                          "`omnialign prepare offline-dpo`)")  # fmt: skip
+    named = {"data.pairs": d.pairs, "data.val_pairs": d.val_pairs, "data.prompts": d.prompts,
+             "data.val_prompts": d.val_prompts, "model.path": config.model.path,
+             "algorithm.teacher_path": config.algorithm.teacher_path}  # fmt: skip
     for key, value in named.items():
         if key.endswith("prompts") and not value.endswith(PROMPT_FILE_TYPES):
             continue  # a prompt set's name
@@ -135,8 +138,15 @@ def main(config: Config, resume: str | None = None) -> dict:
             for moved in checkpoint.set_aside_after(resume_path):
                 print(f"{moved.name} is newer than {resume_path.name}: moved to {moved.parent / 'abandoned'}")
         prepare_run_dir(run_dir, config, fresh=resume_path is None)
+        steps = config.trainer.total_steps
+        print(f"{config.recipe}: {config.algorithm.name} on {config.model.arch}, {steps} step{'s' * (steps != 1)} on "
+              f"{world.size} process{'es' * (world.size > 1)}; run folder {run_dir} (building the model)")  # fmt: skip
     with dist.deterministic(config.trainer.deterministic):
-        return fit(config, world, run_dir, resume_path)
+        summary = fit(config, world, run_dir, resume_path)
+    if world.is_main:
+        print(f"next: omnialign export {run_dir} --to DIR (its newest checkpoint), or raise trainer.total_steps and "
+              "pass --resume auto to train on")  # fmt: skip
+    return summary
 
 
 def fit(config: Config, world: dist.World, run_dir: Path, resume_path: Path | None) -> dict:

@@ -30,10 +30,13 @@ def test_overrides_set_typed_values():
     assert c.actor.betas == (0.8, 0.9) and c.reward.weights == {"glyph_ocr": 2.0}
 
 
-def test_unknown_key_lists_the_valid_ones():
+def test_unknown_key_names_the_nearest_or_lists_the_valid_ones():
     with pytest.raises(ConfigError) as e:
         apply_overrides(RECIPES["glyphs"](), ["trainer.total_step=40"])
-    assert "'trainer.total_step'" in str(e.value) and "trainer.total_steps: int" in str(e.value)
+    assert "'trainer.total_step'; did you mean trainer.total_steps?" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # nothing near: the keys of its section, and only those
+        apply_overrides(RECIPES["glyphs"](), ["trainer.zzz=40"])
+    assert "trainer.total_steps: int" in str(e.value) and "rollout.n: int" not in str(e.value)
 
 
 @pytest.mark.parametrize("item", ["rollout.n=eight", "rollout.eta=high", "trainer.progress=maybe", "actor.betas=[1]"])
