@@ -61,6 +61,7 @@ def bench_staging(windows: list[int], modes: list[str], tiny: bool = False, micr
     run = Config(rollout=RolloutConfig(guidance=1.0, kind="sde", eta=1.2), algorithm=AlgorithmConfig(clip_range=1e-5))
     objective = policy_gradient(policy, run, None, None, None).objective
     cuda = world.device.type == "cuda"
+    modes = [m for m in modes if m != "prefetch" or cuda]  # prefetch overlaps host-to-device copies: CUDA only
     warm = synthetic_trajectory(micro, 1, grid, config["in_channels"], text, config["joint_attention_dim"])
     actor.update(objective, warm.to(world.device), params, optimizer, scheduler, ActorConfig(micro_batch_size=micro),
                  seed=0, device=world.device)  # fmt: skip
