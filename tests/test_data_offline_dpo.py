@@ -216,6 +216,13 @@ def test_loader_rejects_bad_files_up_front(written, tmp_path, edit, message):
         PairLoader(rewrite(written, tmp_path, edit))
 
 
+def test_a_chunk_cut_short_is_named(written, tmp_path):
+    data = (written[0] / "chunk_00000.parquet").read_bytes()
+    (tmp_path / "chunk_00000.parquet").write_bytes(data[: len(data) // 2])  # a copy that stopped halfway
+    with pytest.raises(ValueError, match=r"chunk_00000.parquet: not a readable parquet file \(.*\); copy it again"):
+        PairLoader(tmp_path)
+
+
 def test_loader_rejects_a_latent_shape_the_run_does_not_expect(written):
     with pytest.raises(ValueError, match=r"latents have shape \[4, 8, 12\] but this run expects \[4, 16, 16\]"):
         PairLoader(written[0], latent_shape=(4, 16, 16))

@@ -130,7 +130,11 @@ class PairLoader:
         self.starts = [0]  # first global row of each file
         self.spec: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
         for file in files:
-            parquet = pq.ParquetFile(file)
+            try:
+                parquet = pq.ParquetFile(file)
+            except pa.ArrowException as e:  # a chunk cut short (a copy that stopped), or not parquet at all
+                fix = "copy it again, or delete it and rerun `omnialign prepare offline-dpo` on the folder"
+                raise ValueError(f"{file}: not a readable parquet file ({e}); {fix}") from None
             if parquet.metadata.num_rows == 0:  # a chunk whose prompts all tied
                 continue
             spec = self._check_file(file, parquet)
