@@ -537,10 +537,8 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
         if key not in fields:
             section, _, leaf = key.rpartition(".")
             ratio = {k: difflib.SequenceMatcher(None, leaf, k.rpartition(".")[2]).ratio() for k in fields}
-            close = sorted(
-                (k for k in fields if ratio[k] >= 0.75), key=lambda k: (-ratio[k], not k.startswith(section))
-            )
-            close = close[:3]
+            near = (k for k in fields if ratio[k] >= 0.75)
+            close = sorted(near, key=lambda k: (-ratio[k], not k.startswith(section)))[:3]
             if close:
                 raise ConfigError(f"unknown config key {key!r}; did you mean {' or '.join(close)}? "
                                   "(`omnialign train RECIPE --show` lists every key with its doc)")  # fmt: skip

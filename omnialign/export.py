@@ -75,7 +75,8 @@ def write_adapter(net: torch.nn.Module, lora_config: "lora.LoraConfig", out_dir:
 
 
 def find_checkpoint(path: Path) -> Path:
-    """A step_XXXXXX checkpoint folder, or a run folder's newest complete checkpoint."""
+    """A complete step_XXXXXX checkpoint folder, or a run folder's newest; FileNotFoundError saying which is
+    missing (`--resume PATH` and `export` both take either)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} does not exist: give a run folder (runs/NAME) or one of its "
@@ -86,6 +87,8 @@ def find_checkpoint(path: Path) -> Path:
             raise FileNotFoundError(f"{path}: a run folder without a complete checkpoint in checkpoints/ "
                                     "(trainer.save_every sets how often a run writes one)")  # fmt: skip
         return found
+    if not (path / ".metadata").exists():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no .metadata)")
     return path
 
 

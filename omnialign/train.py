@@ -13,6 +13,7 @@ from omnialign import rewards, trackers
 from omnialign.config import LANGUAGE_ALGORITHMS, Config, ConfigError, check_world_size, flat_values, to_dict
 from omnialign.data.prompts import PROMPT_FILE_TYPES, load_prompt_set
 from omnialign.engine import checkpoint, dist, optim
+from omnialign.export import find_checkpoint
 from omnialign.metrics import write_atomic
 from omnialign.models import IMAGE_SIZES, LOADERS, check_image_size
 from omnialign.trainer import language, offline
@@ -38,14 +39,12 @@ def resolve_resume(run_dir: Path, resume: str | None, total_steps: int) -> Path 
             print(f"{found.name} has reached trainer.total_steps={total_steps}: nothing left to train (raise "
                   f"trainer.total_steps to go on, e.g. trainer.total_steps={2 * total_steps})")  # fmt: skip
         return found
-    path = Path(resume)
-    if (path / "checkpoints").is_dir():  # a run folder: its newest checkpoint
-        path = checkpoint.latest(path) or path
-    if not (path / ".metadata").is_file():
-        raise ConfigError(f"--resume {resume}: {'not a complete checkpoint' if path.is_dir() else 'does not exist'}; "
-                          "give auto (this run's newest), a run folder, or a checkpoint folder "
-                          "runs/NAME/checkpoints/step_XXXXXX")  # fmt: skip
-    return path
+    try:
+        return find_checkpoint(resume)
+    except FileNotFoundError:
+        missing = "not a complete checkpoint" if Path(resume).is_dir() else "does not exist"
+        raise ConfigError(f"--resume {resume}: {missing}; give auto (this run's newest), a run folder, or a checkpoint "
+                          "folder runs/NAME/checkpoints/step_XXXXXX") from None  # fmt: skip
 
 
 RESUMABLE = (

@@ -39,9 +39,10 @@ def main(name: str, args) -> None:
     if name == "staging":
         rows = bench_staging(args.windows, args.modes, args.tiny)
     elif name == "decode":
-        small = args.tiny  # --tiny checks the bench on a CPU in seconds: a small batch, short prompts and answers
-        rows = bench_decode(args.prompts or (4 if small else 128), args.tiny, args.model_size,
-                            args.prompt_len or (16 if small else 256), args.max_new_tokens or (8 if small else 512),
+        # --tiny checks the bench on a CPU in seconds: a small batch, short prompts and answers
+        rows = bench_decode(args.prompts or (4 if args.tiny else 128), args.tiny, args.model_size,
+                            args.prompt_len or (16 if args.tiny else 256),
+                            args.max_new_tokens or (8 if args.tiny else 512),
                             args.bandwidth, args.logit_scale, Path(args.profile) if args.profile else None,
                             args.decoders)  # fmt: skip
     elif name == "language":
