@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+from diffusers.models.autoencoders import autoencoder_kl_qwenimage
 from diffusers.models.transformers import transformer_qwenimage
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 from peft import LoraConfig, get_peft_model
@@ -98,6 +99,25 @@ def test_the_rotary_embedding_in_real_arithmetic_gives_the_complex_multiplys_bit
     monkeypatch.setattr(transformer_qwenimage, "apply_rotary_emb_qwen", lambda x, freqs, use_real: x)
     with torch.no_grad():
         assert not torch.equal(policy.velocity(latents, sigma, cond), complex_v)  # the rotary reaches the attention
+
+
+def test_the_vae_runs_an_image_through_2d_convolutions_with_the_3d_ones_sums(policy, monkeypatch):
+    """`qwen_image.one_frame_conv` (installed in diffusers on import) decodes and encodes an image as diffusers' causal
+    3D convolutions do, to float32 rounding; a two-frame video takes diffusers' own path, bit for bit."""
+    conv = autoencoder_kl_qwenimage.QwenImageCausalConv3d
+    assert conv.forward is qwen_image.one_frame_conv
+    vae = copy.deepcopy(policy.vae).float()
+    torch.manual_seed(0)
+    z, image, video = torch.randn(2, vae.config.z_dim, 1, 4, 6), torch.rand(2, 3, 1, 16, 24), torch.randn(1, 4, 2, 6, 6)
+    video_conv = vae.decoder.conv_in
+    with torch.no_grad():
+        ours = vae.decode(z).sample, vae.encode(image).latent_dist.mean, video_conv(video)
+        monkeypatch.setattr(conv, "forward", qwen_image.causal_conv)
+        stock = vae.decode(z).sample, vae.encode(image).latent_dist.mean, video_conv(video)
+    torch.testing.assert_close(ours[0], stock[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours[1], stock[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(ours[2], stock[2])
+    assert not torch.equal(ours[0], torch.zeros_like(ours[0]))
 
 
 @pytest.mark.parametrize("size", [(HEIGHT, WIDTH), (512, 512)])

@@ -15,15 +15,19 @@ Everything mirrors `diffusers.QwenImagePipeline` exactly (a test samples with bo
   then the scheduler's terminal stretch (`shift_terminal`, 0.02 for the released model).
 - the attention's rotary embedding is diffusers' complex product computed in real float32 arithmetic
   (`real_rotary`, installed in diffusers on import): the same bits, and compiled into the blocks' graphs.
+- the VAE's causal 3D convolutions run an image (one frame, no cache) as 2D convolutions with their kernels' last
+  time slice (`one_frame_conv`, installed in diffusers on import): the same sums, without the two frames of zeros.
 """
 
 from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+from diffusers.models.autoencoders import autoencoder_kl_qwenimage
 from diffusers.models.transformers import transformer_qwenimage
 from tensordict import TensorDict
 from torch import nn
+from torch.nn import functional as F
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 
 from omnialign.config import ModelConfig
@@ -73,6 +77,24 @@ def real_rotary(
 
 
 transformer_qwenimage.apply_rotary_emb_qwen = real_rotary  # the attention processor looks the name up at each call
+
+causal_conv = autoencoder_kl_qwenimage.QwenImageCausalConv3d.forward
+
+
+def one_frame_conv(
+    self: autoencoder_kl_qwenimage.QwenImageCausalConv3d, x: torch.Tensor, cache_x: torch.Tensor | None = None
+) -> torch.Tensor:
+    """diffusers' `QwenImageCausalConv3d.forward` on x (B, C, T, H, W). An image (T = 1, no cache) under the full
+    causal padding (kernel_size[0] - 1 frames of zeros before it) meets only the kernel's last time slice: that slice
+    as a 2D convolution is the same sum, without the padded copy and two thirds of the arithmetic of a 3-frame
+    kernel. Anything else (a video's frames, a cache) takes diffusers' path."""
+    if x.shape[2] != 1 or cache_x is not None or self._padding[4] != self.kernel_size[0] - 1:
+        return causal_conv(self, x, cache_x)
+    width, _, height = self._padding[:3]  # F.pad's order: W, W, H, H, T, 0
+    return F.conv2d(x[:, :, 0], self.weight[:, :, -1], self.bias, self.stride[1:], (height, width)).unsqueeze(2)
+
+
+autoencoder_kl_qwenimage.QwenImageCausalConv3d.forward = one_frame_conv  # every Qwen-Image VAE: images are one frame
 
 
 class QwenImagePolicy:
