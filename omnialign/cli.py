@@ -21,7 +21,7 @@ import argparse
 import dataclasses
 import re
 import sys
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -219,9 +219,17 @@ def cmd_bench(args: argparse.Namespace) -> None:
     main(args.name, args)
 
 
+def installed_version() -> str:
+    """The installed distribution's version; a source tree on PYTHONPATH, never installed, has none."""
+    try:
+        return version("omnialign")
+    except PackageNotFoundError:
+        return "(a source tree, not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnialign", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--version", action="version", version=f"omnialign {version('omnialign')}")
+    p.add_argument("--version", action="version", version=f"omnialign {installed_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a recipe", formatter_class=argparse.RawTextHelpFormatter,
                        description="omnialign train [RECIPE] [key=value ...]")  # fmt: skip

@@ -193,6 +193,22 @@ def test_cli_lists_recipes(capsys):
     assert len(lines) == len(RECIPES) and lines[0].startswith("glyphs ") and "FlowGRPO" in lines[0]
 
 
+def test_cli_runs_from_a_source_tree_that_was_never_installed(monkeypatch, capsys):
+    """`PYTHONPATH=checkout python -m omnialign` (the GPU machine's way) has no distribution metadata: the CLI still
+    parses, and --version says so."""
+    from importlib.metadata import PackageNotFoundError
+
+    from omnialign import cli as cli_module
+
+    def missing(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(cli_module, "version", missing)
+    with pytest.raises(SystemExit) as done:
+        cli(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == "omnialign (a source tree, not installed)"
+
+
 def test_cli_bad_override_fails_before_anything_loads(tmp_path):
     """In this process (`python -m omnialign` runs in the serve-reward and prepare tests' subprocesses)."""
     with pytest.raises(SystemExit, match=r"unknown config key 'rollout.nn'(.|\n)*rollout.n: int"):
