@@ -2,8 +2,10 @@
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +96,7 @@ def test_resume_continues_identically(tmp_path):
 
 def test_new_run_refuses_to_overwrite_checkpoints(tmp_path, capsys):
     main(debug_config(tmp_path, "trainer.total_steps=1", "trainer.val_every=1"))
+    assert re.search(r" after 1 step[ ;]", capsys.readouterr().out)
     with pytest.raises(SystemExit, match="--resume auto"):
         main(debug_config(tmp_path, "trainer.total_steps=1"))
     capsys.readouterr()
@@ -125,6 +128,56 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert latest.name == "step_000001"
     assert checkpoint.load(latest, model, opt, sched, world)["step"] == 1
     assert torch.equal(model.weight, saved)
+
+
+def test_a_crash_while_deleting_a_checkpoint_leaves_none_in_part(tmp_path, monkeypatch):
+    """Pruned and replaced checkpoints are renamed hidden before they are deleted: a crash mid-delete leaves no
+    step_* folder holding part of its files, and the next save clears what it left."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    world = World(0, 1, torch.device("cpu"))
+    rmtree = checkpoint.shutil.rmtree
+
+    def crash_midway(path, *args, **kwargs):  # the process dies after deleting the shards, before .metadata
+        for shard in Path(path).glob("*.distcp"):
+            shard.unlink()
+        raise KeyboardInterrupt
+
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, model, opt, sched, {"step": step}, keep_last=2, world=world)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    saved = model.weight.detach().clone()
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", crash_midway)
+    with pytest.raises(KeyboardInterrupt):  # step 2 again (a resumed run's), replacing the one there
+        checkpoint.save(tmp_path, 2, model, opt, sched, {"step": 2}, keep_last=1, world=world)
+    assert [p.name for p in checkpoint.checkpoints(tmp_path)] == ["step_000002"]  # step 1 pruned, hidden first
+    with torch.no_grad():
+        model.weight.zero_()
+    assert checkpoint.load(tmp_path / "checkpoints" / "step_000002", model, opt, sched, world)["step"] == 2
+    assert torch.equal(model.weight, saved)  # the new step 2, whole
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+    checkpoint.save(tmp_path, 3, model, opt, sched, {"step": 3}, keep_last=1, world=world)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000003"]  # no leftovers
+
+
+def test_a_damaged_checkpoint_names_itself_and_the_earlier_ones(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    world = World(0, 1, torch.device("cpu"))
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, model, opt, sched, {"step": step}, keep_last=0, world=world)
+    newest = checkpoint.latest(tmp_path)
+    for shard in newest.glob("*.distcp"):  # a copy cut short
+        shard.write_bytes(shard.read_bytes()[:10])
+    with pytest.raises(
+        RuntimeError,
+        match=r"step_000002 could not be read into this run \(EOFError\)\. .*copied in part.*: step_000001 ",
+    ):
+        checkpoint.load(newest, model, opt, sched, world)
+    assert checkpoint.load(tmp_path / "checkpoints" / "step_000001", model, opt, sched, world)["step"] == 1
 
 
 def test_learning_rate_drops_by_gamma_at_each_milestone_of_applied_updates():

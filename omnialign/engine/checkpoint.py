@@ -3,7 +3,9 @@
 A checkpoint is `{run}/checkpoints/step_XXXXXX/`: the DCP shards of the trained parameters and
 the optimizer state, plus `trainer_rank{r}.pt` (scheduler, RNG states, step, data position).
 It is written to a hidden `.tmp` folder and renamed when complete, so a crash mid-save leaves
-the previous checkpoint intact; older checkpoints are pruned only after the rename.
+the previous checkpoint intact; older checkpoints are pruned only after the rename, each renamed hidden before it is
+deleted (as is a checkpoint of the same step saved again), so that a crash mid-delete leaves no `step_*` folder
+holding part of its files. The next save clears the hidden leftovers.
 """
 
 import re
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from omnialign.engine.dist import World, barrier, rng_state, set_rng_state
@@ -54,6 +57,11 @@ def set_aside_after(path: Path) -> list[Path]:
     return newer
 
 
+def _hide(path: Path) -> Path:
+    """`path` renamed `.NAME.deleting`, out of `checkpoints`' sight, to be deleted."""
+    return path.rename(path.with_name(f".{path.name}.deleting"))
+
+
 def save(
     run_dir: Path,
     step: int,
@@ -72,7 +80,8 @@ def save(
     if keep_last < 0:
         raise ValueError(f"trainer.keep_last={keep_last} must be >= 0 (0 keeps every checkpoint)")
     if world.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in root.glob(".step_*"):  # a crashed save's or delete's
+            shutil.rmtree(leftover)
         tmp.mkdir(parents=True)
     barrier()
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
@@ -82,10 +91,9 @@ def save(
     torch.save(extra, tmp / f"trainer_rank{world.rank}.pt")
     barrier()
     if world.is_main:
-        if final.exists():  # the same step saved again (after a resume): replace it
-            shutil.rmtree(final)
+        replaced = [_hide(final)] if final.exists() else []  # the same step saved again (another run's resumed)
         tmp.rename(final)
-        for old in checkpoints(run_dir)[:-keep_last] if keep_last else []:
+        for old in replaced + ([_hide(p) for p in checkpoints(run_dir)[:-keep_last]] if keep_last else []):
             shutil.rmtree(old)
     barrier()
     return final
@@ -106,10 +114,20 @@ def load(
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no .metadata); pick one of {path.parent}/step_*")
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": model_state, "optim": optim_state, **({"tensors": tensors} if tensors else {})}
-    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
     own = path / f"trainer_rank{world.rank}.pt"
-    extra = torch.load(own if own.exists() else path / "trainer_rank0.pt", weights_only=False)
+    try:
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+        extra = torch.load(own if own.exists() else path / "trainer_rank0.pt", weights_only=False)
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+        earlier = [p.name for p in checkpoints(path.parent.parent) if p.name < path.name]
+        # DCP's exception is its ranks' tracebacks, the reason on the last line
+        reason = str(e).strip().splitlines()[-1] if isinstance(e, CheckpointException) else f"{type(e).__name__}: {e}"
+        raise RuntimeError(
+            f"{path} could not be read into this run ({reason[:300]}). A checkpoint copied in "
+            "part or damaged fails here, as does one of another model or adapter rank; earlier checkpoints of its "
+            f"run: {', '.join(earlier) or 'none'} (--resume takes one of them)"
+        ) from e
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
     scheduler.load_state_dict(extra.pop("scheduler"))
     set_rng_state(extra.pop("rng"))
     return extra

@@ -93,7 +93,8 @@ def summarise(trainer, key: str) -> dict:
             changes.append(f"{name.removeprefix('val/')} {number(first[name])} -> {number(last[name])}")
     (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     detail = f" ({', '.join(changes)})" if changes else ""
-    print(f"{key}: {number(first[key])} before -> {number(last[key])} after {last['step']} steps{detail}; "
+    steps = f"{last['step']} step{'s' * (last['step'] != 1)}"
+    print(f"{key}: {number(first[key])} before -> {number(last[key])} after {steps}{detail}; "
           f"outputs in {trainer.run_dir}")  # fmt: skip
     trained, empty = sum("actor/grad_norm" in r for r in records), summary["steps_without_update"]
     if empty:
