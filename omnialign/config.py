@@ -385,6 +385,11 @@ class EngineConfig:
     frozen weights take half the memory, and the matmuls run at FP8 speed on GPUs that have it (Hopper, Ada, later).
     With engine.compile, turn rollout.grad_graph on too: compiled FLUX.1 in fp8 then replays exactly (without it 3-4
     of 64 samples clipped at clip range 1e-5; 6% slower warm step on an H200, BENCHMARKS.md)."""
+    fp8_backward: bool = False
+    """With engine.fp8: the backward's product through each float8 layer in FP8 too (engine/fp8.py): the output's
+    gradient scaled per row to float8 e4m3 against the same float8 weight, where it otherwise runs in bf16 through
+    the dequantized weight. The forward, so every log-prob, is unchanged; the gradient reaching the adapters is
+    rounded as the forward's inputs are (3 mantissa bits, a scale per row)."""
     sequence_parallel: int = 1
     """Split each sample's tokens over groups of this many consecutive processes (Ulysses attention,
     engine/sequence.py; docs/engine.md): for videos whose activations outgrow one device. The processes of a group
@@ -719,6 +724,9 @@ def validate(config: Config) -> Config:
          f"engine.fp8=true rounds the frozen base weights of a diffusion LoRA run to float8; model.lora.rank="
          f"{config.model.lora.rank}, algorithm.name={config.algorithm.name}: set a LoRA rank (full fine-tuning trains "
          "those weights) and a diffusion algorithm, or engine.fp8=false"),
+        (config.engine.fp8 or not config.engine.fp8_backward,
+         "engine.fp8_backward=true runs the backward of engine.fp8's float8 layers in FP8: set engine.fp8=true too, "
+         "or engine.fp8_backward=false"),
         (config.engine.sequence_parallel == 1 or config.algorithm.name not in (*LANGUAGE_ALGORITHMS, "diffusion_dpo"),
          f"engine.sequence_parallel={config.engine.sequence_parallel}: only the online diffusion trainer splits "
          f"sequences, not algorithm.name={config.algorithm.name}; set engine.sequence_parallel=1"),

@@ -48,6 +48,39 @@ def test_a_float8_layer_computes_the_product_of_the_rounded_input_and_weight_and
     assert not any(p.requires_grad for p in layer.parameters())
 
 
+def test_the_float8_backward_multiplies_the_rounded_gradient_rows_by_the_float8_weight():
+    """engine.fp8_backward: the forward is the same, bit for bit; the input's gradient is the product of the output's
+    gradient (times the weight's per-channel scale) rounded per row to float8 and the float8 weight itself."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the GPU tier's phase 1 runs it on CUDA
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48).requires_grad_(False).to(device)
+    x = torch.randn(10, 64, device=device)
+    grad = torch.randn(10, 48, device=device)
+    outputs, grads = [], []
+    for float8_grad in (False, True):
+        layer, xi = Float8Linear(linear, float8_grad), x.clone().requires_grad_(True)
+        outputs.append(layer(xi))
+        outputs[-1].backward(grad)
+        grads.append(xi.grad.double())
+    assert torch.equal(outputs[0], outputs[1])
+    weight8, weight_scale = to_float8(linear.weight)
+    # the gradient arrives at the product in its bf16 output's precision; their product is rounded once to bf16
+    by_hand = dequantized(grad.bfloat16().float() * weight_scale.T) @ weight8.double()
+    assert (grads[1] - by_hand).norm() / by_hand.norm() < 2**-8
+    exact = grad.double() @ dequantized(linear.weight)
+    error = (grads[1] - exact).norm() / exact.norm()
+    assert 2**-8 < error < 0.05  # the gradient's float8 rounding: a few percent, more than bf16's
+    assert (grads[0] - exact).norm() / exact.norm() < 2**-8
+
+
+def test_fp8_backward_needs_fp8():
+    with pytest.raises(ConfigError, match="engine.fp8_backward=true .* set engine.fp8=true"):
+        validate(apply_overrides(RECIPES["qwen_image_ocr_flowgrpo_lora"](), ["engine.fp8_backward=true"]))
+    overrides = ["engine.fp8=true", "engine.fp8_backward=true"]
+    config = validate(apply_overrides(RECIPES["qwen_image_ocr_flowgrpo_lora"](), overrides))
+    assert config.engine.fp8_backward
+
+
 def test_only_frozen_layers_whose_sizes_are_multiples_of_16_are_replaced():
     block = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 32), nn.Sequential(nn.Linear(32, 24), nn.Linear(24, 40)))
     block.requires_grad_(False)
@@ -201,10 +234,13 @@ def test_a_compiled_block_at_full_width_gives_the_same_bits_in_the_rollout_and_t
 
 
 @pytest.mark.gpu
-def test_fp8_compiled_step_replays_its_rollout_exactly(tmp_path):
+@pytest.mark.parametrize("backward", ["false", "true"], ids=["bf16_backward", "fp8_backward"])
+def test_fp8_compiled_step_replays_its_rollout_exactly(tmp_path, backward):
     """On CUDA with the blocks compiled (engine.compile), as the full-size recipes run: torch._scaled_mm inside
-    inductor's graphs in rollout and update alike."""
-    config = tiny_qwen_image_config(tmp_path, "engine.fp8=true", "engine.compile=true")
+    inductor's graphs in rollout and update alike, and in the backward with engine.fp8_backward."""
+    config = tiny_qwen_image_config(
+        tmp_path, "engine.fp8=true", "engine.compile=true", f"engine.fp8_backward={backward}"
+    )
     assert any("lora_A" in k for k in train_and_check_replay(config, tmp_path / "run"))
 
 

@@ -4,8 +4,9 @@
 second, seconds per phase, peak memory and MFU. MFU counts the transformer's model FLOPs (rollout
 forwards with CFG; training forward + backward, the backward costed as 1x forward for LoRA and 2x
 for full fine-tuning; activation recomputation not counted; text encoder and VAE not counted) over
-`--peak` TFLOP/s (the measured bf16 matmul peak; with `--set engine.fp8=true`, whose row says `"fp8": true`, the
-same bf16 peak, so the MFU of an FP8 run compares its speed with the bf16 run's, not with the FP8 peak). The reward
+`--peak` TFLOP/s (the measured bf16 matmul peak; with `--set engine.fp8=true`, whose row says `"fp8": true`, and
+with `engine.fp8_backward`, the same bf16 peak, so the MFU of an FP8 run compares its speed with the bf16 run's, not
+with the FP8 peak). The reward
 is a CPU stand-in (`jpeg_compressibility`) so the figure measures the trainer; prompts are short OCR prompts (128
 text tokens).
 FLUX recipes (`model.arch` flux or flux_kontext, `full_flux`) run the same way on FLUX.1-dev / FLUX.1-Kontext-dev
@@ -290,6 +291,7 @@ def recipe_row(config, step: int, phases: dict, peak_tflops: float, policy, worl
     unit = "video" if config.model.arch in VIDEO_ARCHS else "image"
     return {
         "recipe": config.recipe, "gpus": world.size, "compile": config.engine.compile, "fp8": config.engine.fp8,
+        "fp8_backward": config.engine.fp8_backward,
         "step": step,
         f"{unit}s": images, "step_s": round(seconds, 1),
         f"{unit}s_per_gpu_s": round(images / seconds, 3),

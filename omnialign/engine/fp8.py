@@ -7,8 +7,11 @@ rollout, the old-policy and reference passes and the training forward all run th
 rollout records are the ones the update replays, as in bf16. The policy trained is the base model with its weights
 rounded to float8 (as QLoRA trains over a 4-bit base), plus the bf16 adapters. The backward gives the input's
 gradient through the dequantized weight in the input's dtype; the rounding of the input to float8 passes the
-gradient straight through. The float8 weights are buffers outside every checkpoint (they are the base model's,
-re-rounded at each load); the LoRA parameters stay as they are, so checkpoints and exported adapters are unchanged.
+gradient straight through. With `engine.fp8_backward` that product runs in float8 too: the output's gradient, the
+weight's per-channel scale folded in, scaled per row to float8 against the same float8 weight (its transpose laid
+out for `torch._scaled_mm`, a copy of one byte a parameter per layer while it runs). The float8 weights are buffers
+outside every checkpoint (they are the base model's, re-rounded at each load); the LoRA parameters stay as they are,
+so checkpoints and exported adapters are unchanged.
 """
 
 import torch
@@ -26,53 +29,67 @@ def to_float8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / scale).to(torch.float8_e4m3fn), scale
 
 
+def float8_mm(a: torch.Tensor, b8: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
+    """a (M, K) scaled per row to float8 times b8 (K, N) float8 (column-major on CUDA) whose columns carry b_scale
+    (1, N) float32 -> (M, N) bf16, accumulated in fp32."""
+    a8, a_scale = to_float8(a)
+    if a.is_cuda:
+        return torch._scaled_mm(a8, b8, scale_a=a_scale, scale_b=b_scale, out_dtype=torch.bfloat16)
+    # torch 2.11's CPU _scaled_mm takes per-tensor scales only: the same product of the rounded operands, in fp32
+    return ((a8.float() @ b8.float()) * a_scale * b_scale).to(torch.bfloat16)
+
+
 class _Float8Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, float8_grad: bool) -> torch.Tensor:
         """x (M, K) bf16 or fp32, weight (N, K) float8, weight_scale (1, N) float32 -> (M, N) bf16."""
-        x8, x_scale = to_float8(x)
-        if x.is_cuda:
-            return torch._scaled_mm(x8, weight.t(), scale_a=x_scale, scale_b=weight_scale, out_dtype=torch.bfloat16)
-        # torch 2.11's CPU _scaled_mm takes per-tensor scales only: the same product of the rounded operands, in fp32
-        return ((x8.float() @ weight.float().t()) * x_scale * weight_scale).to(torch.bfloat16)
+        return float8_mm(x, weight.t(), weight_scale)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, weight, weight_scale = inputs
+        x, weight, weight_scale, float8_grad = inputs
         ctx.save_for_backward(weight, weight_scale)
-        ctx.x_dtype = x.dtype
+        ctx.x_dtype, ctx.float8_grad = x.dtype, float8_grad
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         weight, weight_scale = ctx.saved_tensors
         dtype = ctx.x_dtype
-        return (grad.float() * weight_scale).to(dtype) @ weight.to(dtype), None, None
+        grad = grad.float() * weight_scale  # the weight's scale per output channel, on the gradient's columns
+        if ctx.float8_grad:  # weight (N, K) laid out column-major: its transpose's copy, seen transposed
+            ones = weight_scale.new_ones(1, weight.shape[1])
+            return float8_mm(grad, weight.t().contiguous().t(), ones).to(dtype), None, None, None
+        return grad.to(dtype) @ weight.to(dtype), None, None, None
 
 
 class Float8Linear(nn.Module):
     """A frozen linear layer computing in float8 (see the module doc); `bias` stays the layer's own parameter."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, float8_grad: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.float8_grad = float8_grad  # the input's gradient in float8 too (engine.fp8_backward)
         weight, scale = to_float8(linear.weight.detach())
         self.register_buffer("weight8", weight, persistent=False)
         self.register_buffer("weight_scale", scale.t().contiguous(), persistent=False)  # (1, out_features)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _Float8Matmul.apply(x.reshape(-1, self.in_features), self.weight8, self.weight_scale)
+        y = _Float8Matmul.apply(x.reshape(-1, self.in_features), self.weight8, self.weight_scale, self.float8_grad)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"float8_grad={self.float8_grad}")  # fmt: skip
 
 
-def float8_frozen_linears(blocks: list[nn.Module], device: torch.device | None = None) -> int:
+def float8_frozen_linears(
+    blocks: list[nn.Module], device: torch.device | None = None, float8_grad: bool = False
+) -> int:
     """Replace every frozen `nn.Linear` in `blocks` outside the LoRA adapters whose two sizes are multiples of 16
-    (what `torch._scaled_mm` takes) by a `Float8Linear` on `device` (rounded there, one layer at a time), in place;
-    returns how many. Before sharding."""
+    (what `torch._scaled_mm` takes) by a `Float8Linear` on `device` (rounded there, one layer at a time; its input's
+    gradient in float8 with `float8_grad`), in place; returns how many. Before sharding."""
     if device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         raise ValueError(
             f"engine.fp8=true needs FP8 matmuls (CUDA compute capability 8.9 or later: Ada, Hopper, Blackwell); "
@@ -90,6 +107,6 @@ def float8_frozen_linears(blocks: list[nn.Module], device: torch.device | None =
                     and child.in_features % 16 == 0
                     and child.out_features % 16 == 0
                 ):
-                    setattr(parent, name, Float8Linear(child.to(device)))
+                    setattr(parent, name, Float8Linear(child.to(device), float8_grad))
                     count += 1
     return count

@@ -83,7 +83,7 @@ def build_policy(
         shard_frozen(policy.transformer_2, net, blocks, config, world)
     e = config.engine
     if e.fp8:
-        fp8.float8_frozen_linears(blocks, world.device)
+        fp8.float8_frozen_linears(blocks, world.device, e.fp8_backward)
     split_sequence(net, config, world)
     fsdp.shard(net, blocks, fsdp.mesh(world), getattr(torch, config.model.dtype), e.activation_checkpointing,
                e.cpu_offload, e.reshard_after_forward, e.compile, e.cudnn_attention, e.checkpoint_every)  # fmt: skip
