@@ -6,6 +6,8 @@ import copy
 import gzip
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -207,7 +209,8 @@ def test_kontext_auto_resize_matches_the_pipeline(kontext, kontext_pipeline, mon
 
 
 def test_kontext_preferred_resolutions_are_the_pipelines(kontext):
-    policy = flux.FluxPolicy(kontext.transformer, None, None, None, None, edits=True)
+    policy = flux.FluxPolicy(kontext.transformer, None, None, None, None, edits=True,
+                             source_resolutions=flux.kontext_resolutions())  # fmt: skip
     assert policy.source_resolutions == pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
     wide = torch.rand(3, 480, 640)  # 4:3 -> 1184x880, the nearest aspect ratio of the released list
     assert policy.source_pixels(wide).shape == (3, 880, 1184)
@@ -365,3 +368,11 @@ def test_dense_attention_grads_hands_the_attention_kernel_a_dense_gradient_in_a_
     grads = torch.autograd.grad(sum(t.square().sum() for t in block(*inputs)), list(block.parameters()))
     assert seen[-1][0] == seen[-1][1]
     assert all(torch.equal(a, b) for a, b in zip(grads, reference))
+
+
+def test_importing_the_models_leaves_the_kontext_pipeline_unloaded():
+    """Its module imports transformers' image processors, which warn on every run without torchvision (`omnialign
+    train glyphs` printed two such lines); `flux.kontext_resolutions` imports it when a Kontext source is resized."""
+    code = "import sys, omnialign.models; print('diffusers.pipelines.flux.pipeline_flux_kontext' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False" and "torchvision" not in done.stderr, done.stderr

@@ -14,7 +14,7 @@ from diffusers import QwenImageTransformer2DModel
 
 from omnialign.config import ModelConfig
 from omnialign.models.base import LanguagePolicy
-from omnialign.models.flux import GUIDANCE, PREFERRED_KONTEXT_RESOLUTIONS, FluxPolicy
+from omnialign.models.flux import GUIDANCE, FluxPolicy, kontext_resolutions
 from omnialign.models.flux2 import Flux2Policy
 from omnialign.models.ltx2 import LTX2Policy
 from omnialign.models.qwen_image import QwenImagePolicy
@@ -108,7 +108,8 @@ def full_flux(device: torch.device, text_tokens: int, model: ModelConfig) -> Flu
                       encoders), (clip_tok, t5_tok), FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER),
                       guidance=GUIDANCE[model.arch] if model.embedded_guidance is None else model.embedded_guidance,
                       edits=model.arch == "flux_kontext",
-                      source_resolutions=PREFERRED_KONTEXT_RESOLUTIONS if model.source_resize else None,
+                      source_resolutions=kontext_resolutions() if model.source_resize and model.arch == "flux_kontext"
+                      else None,
                       max_sequence_length=text_tokens)  # fmt: skip
 
 

@@ -31,7 +31,6 @@ source of a prompt set should: with `model.source_resize` one aspect ratio bucke
 import numpy as np
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
 from PIL import Image
 from tensordict import TensorDict
 from torch import nn
@@ -73,6 +72,15 @@ def grid_ids(height: int, width: int, first: float, device: torch.device) -> tor
     return torch.stack([torch.full_like(rows, first), rows, cols], dim=-1).reshape(-1, 3)
 
 
+def kontext_resolutions() -> list[tuple[int, int]]:
+    """diffusers' `PREFERRED_KONTEXT_RESOLUTIONS`, (width, height) pairs of about 1 MP, the sizes a Kontext source is
+    resized to. Imported when asked for: the Kontext pipeline's module imports transformers' image processors, which
+    warn on every run without torchvision."""
+    from diffusers.pipelines.flux import pipeline_flux_kontext
+
+    return pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
+
+
 class FluxPolicy:
     """`DiffusionPolicy` over FLUX.1 (and FLUX.1-Kontext with `edits`); latents (B, H/16, W/16, 64) are packed
     tokens on their grid."""
@@ -89,7 +97,7 @@ class FluxPolicy:
         scheduler: FlowMatchEulerDiscreteScheduler,
         guidance: float = GUIDANCE["flux"],
         edits: bool = False,
-        source_resolutions: list[tuple[int, int]] | None = PREFERRED_KONTEXT_RESOLUTIONS,
+        source_resolutions: list[tuple[int, int]] | None = None,
         shift: float | None = None,
         max_sequence_length: int = MAX_SEQUENCE_LENGTH,
     ):
@@ -238,7 +246,7 @@ def load(config: ModelConfig) -> FluxPolicy:
     options = dict(
         guidance=GUIDANCE[config.arch] if config.embedded_guidance is None else config.embedded_guidance,
         edits=config.arch == "flux_kontext",
-        source_resolutions=PREFERRED_KONTEXT_RESOLUTIONS if config.source_resize else None,
+        source_resolutions=kontext_resolutions() if config.source_resize and config.arch == "flux_kontext" else None,
         shift=config.shift,
         max_sequence_length=config.text_tokens or MAX_SEQUENCE_LENGTH,
     )
