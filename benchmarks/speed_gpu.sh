@@ -20,7 +20,9 @@
 #   benchmarks/speed_gpu.sh OUT profile_wan      # wan21_t2v_1_3b_ocr_flowgrpo_lora, the same
 #   benchmarks/speed_gpu.sh OUT fp8_flux         # flux_ocr_flowgrpo_lora with engine.fp8 false then true (FP8=...): goal 2;
 #                                                # fp8_kontext, fp8_edit and fp8_wan do the same for the three above
-#                                                # (Wan: 1 prompt x 2 videos, issue 20's row; 8 take 350 s a step)
+#                                                # (Wan: 1 prompt x 2 videos, issue 20's row; 8 take 350 s a step);
+#                                                # FP8=true SET="rollout.grad_graph=true engine.fp8_backward=true"
+#                                                # runs them with the backward in FP8 too (engine.fp8_backward)
 #   benchmarks/speed_gpu.sh OUT wan14b           # wan21_t2v_14b_ocr_flowgrpo_lora, one step of two videos: goal 4
 #   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
