@@ -138,10 +138,7 @@ def diffusion_dpo(config: Config, world: World, run_dir: Path) -> OfflineTrainer
     from omnialign.trainer.build import build_policy
     from omnialign.trainer.objectives import dpo_accuracy, dpo_objective, pair_batch
 
-    c = config
-    if not c.data.pairs:
-        raise ValueError("algorithm.name=diffusion_dpo trains on stored pairs: set data.pairs=DIR "
-                         "(written by `omnialign prepare offline-dpo`)")  # fmt: skip
+    c = config  # train.check_inputs has refused a run without data.pairs
     loader = PairLoader(c.data.pairs)
     val_loader = PairLoader(c.data.val_pairs) if c.data.val_pairs else None
     policy, contexts = build_policy(dataclasses.replace(c, model=dataclasses.replace(c.model, transformer_only=True)),
