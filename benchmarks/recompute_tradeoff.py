@@ -19,6 +19,7 @@ blocks; the rest of the network (embeddings, output layer) is the released one's
 import json
 import math
 import sys
+import time
 
 import torch
 from diffusers import FluxTransformer2DModel, QwenImageTransformer2DModel, WanTransformer3DModel
@@ -79,32 +80,24 @@ def inputs(net: torch.nn.Module, arch: str, batch: int, grid: list[int], text: i
 
 def run(net: torch.nn.Module, kwargs: dict, iters: int) -> float:
     """Milliseconds per forward with grad and backward, after one warm-up (which compiles)."""
-    device = kwargs["hidden_states"].device
+    cuda = kwargs["hidden_states"].is_cuda
+    sync = torch.cuda.synchronize if cuda else lambda: None
 
     def step() -> None:
         net(**kwargs, return_dict=False)[0].float().square().mean().backward()
 
     step()
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    else:
-        import time
-
-        t0 = time.perf_counter()
+    sync()
+    start = time.perf_counter()
     for _ in range(iters):
         step()
-    if cuda:
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
-    return (time.perf_counter() - t0) * 1000 / iters
+    sync()
+    return (time.perf_counter() - start) * 1000 / iters
 
 
 def kept_bytes(net: torch.nn.Module, kwargs: dict) -> int:
-    """Bytes the forward with grad leaves allocated for its backward (CUDA), or the tensors autograd saves (CPU)."""
+    """Bytes the forward with grad leaves allocated for its backward (CUDA). On the CPU (the --tiny check) the tensors
+    autograd saves through these hooks: a recomputed block's own hooks take its tensors, so it counts none."""
     device = kwargs["hidden_states"].device
     if device.type == "cuda":
         torch.cuda.synchronize()
