@@ -94,7 +94,8 @@ def test_edit_recipe_raises_gold_accuracy_and_keeps_the_place(recipe, tmp_path):
 # digit), 60 steps (BENCHMARKS.md, glyphs video task): every video recipe passes on five of five H200 seeds, MixGRPO
 # (KL 0.03), NFT (lr 1.5e-4) and GRPO-Guard (SDE window in the first five steps, lr 7e-5) since 2026-12-03, FlowGRPO
 # and online DPO judged on their moving average (`trainer.ema_decay=0.9`) since 2026-12-04, CPS and Flow-DPPO with
-# the window, KL 0.03, lr 1e-4 and the moving average since 2026-12-04 (all five CPU seeds too). Online DPO, plain,
+# the window, KL 0.03, lr 1e-4 and the moving average since 2026-12-04 (all five CPU seeds too; CPS with advantages
+# per group since 2026-12-06: +0.222 to +0.282 on five CPU seeds). Online DPO, plain,
 # fell short on diversity (0.748 of the base's on the CPU, 0.74 on the H200); DPO-Positive's penalty fixed it.
 VIDEO_RECIPES = ["glyphs_video", "glyphs_video_cps", "glyphs_video_mixgrpo", "glyphs_video_grpo_guard",
                  "glyphs_video_dppo", "glyphs_video_nft", "glyphs_video_online_dpo"]  # fmt: skip
