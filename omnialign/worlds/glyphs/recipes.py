@@ -291,7 +291,8 @@ def _early_window(c: Config) -> Config:
     image recipes' reference KL, lr 1e-4, and validation (and export) on a moving average of the trained parameters,
     flow_grpo's evaluation copy (training unchanged). CPS and Flow-DPPO: 60 steps, +0.167 to +0.258 and +0.252 to
     +0.313 per frame on five H200 seeds, diversity >= 0.77 of the base's (without: +0.031 to +0.067 and +0.036 to
-    +0.138); 300 steps: gold 0.722-0.834 and 0.856-0.938, none collapsed (BENCHMARKS.md, glyphs video task)."""
+    +0.138); 300 steps: gold 0.722-0.834 (CPS before its per-group advantages) and 0.856-0.938, none collapsed
+    (BENCHMARKS.md, glyphs video task)."""
     c.rollout.window_end = 5
     c.algorithm.kl_coef = 0.03
     c.actor.lr = 1e-4
@@ -315,7 +316,8 @@ def glyphs_video_cps() -> Config:
     # Advantages normalised per group, flow_grpo's per-prompt statistics: CPS's own samples near-saturate the
     # recognizer by step 60 (its groups spread half as much as FlowGRPO's), and the batch's std left those groups'
     # small differences small. 150 CPU steps, seed 0, side by side: gold 0.858 over steps 110-150 against 0.776, no
-    # digit 0.056 against 0.053, diversity unchanged (BENCHMARKS.md, glyphs video task)
+    # digit 0.056 against 0.053, diversity unchanged; the 60-step check passes on five CPU seeds (BENCHMARKS.md, "CPS
+    # video with advantages normalised per group")
     c.algorithm.global_std = False
     return c
 
