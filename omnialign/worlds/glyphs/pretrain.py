@@ -254,7 +254,7 @@ def train_person_judge(config: PretrainConfig, device: torch.device, gold: Path)
     g = torch.Generator().manual_seed(config.seed + 123)
     torch.manual_seed(config.seed + 123)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
-    pool = negative_pool(50_000, config.seed + 12, device)
+    pool = negative_pool(min(50_000, 200 * config.person_steps), config.seed + 12, device)  # 50,000 at 300 steps
     hard = stored_images(config.rl_negatives).to(device)
     model = GoldJudge.from_pretrained(gold).to(device).train()
     labels = torch.load(config.person_labels)
