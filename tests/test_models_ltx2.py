@@ -75,8 +75,13 @@ def test_loads_by_path_with_frozen_parts_shapes_and_lora_targets(policy, path):
 
 def test_encode_prompts_match_the_pipeline(policy, pipeline):
     """Gemma-3's stacked hidden states through the connectors, as the pipeline encodes them: exactly its conditions,
-    left-padded with BOS first; the registers fill the padding, so every position is attended."""
+    left-padded with BOS first; the registers fill the padding, so every position is attended. Gemma-3's LM head
+    runs for the last position only (its logits are not used)."""
+    heads = []
+    hook = policy.text_encoder.get_output_embeddings().register_forward_hook(lambda m, i, o: heads.append(o.shape[1]))
     cond = policy.encode_prompts(PROMPTS)
+    hook.remove()
+    assert heads == [1]
     assert cond["video"].shape == cond["audio"].shape == (2, TEXT, 16) and cond["mask"].all()
     ids = policy.tokenizer("a red cat", padding="max_length", max_length=TEXT).input_ids
     assert ids[0] == policy.tokenizer.pad_token_id and ids[-10] == policy.tokenizer.bos_token_id

@@ -47,7 +47,11 @@ def test_loads_by_path_with_frozen_encoders_and_lora_targets(policy):
 
 
 def test_encode_prompts_match_the_pipeline(policy, pipeline):
+    heads = []  # positions the LM head ran for: its logits are not used, so the last one only
+    hook = policy.text_encoder.get_output_embeddings().register_forward_hook(lambda m, i, o: heads.append(o.shape[1]))
     cond = policy.encode_prompts(PROMPTS)
+    hook.remove()
+    assert heads == [1]
     assert cond.batch_size == torch.Size([2])
     assert cond["embeds"].shape == (2, qwen_image.MAX_SEQUENCE_LENGTH, 16)
     assert cond["mask"].shape == (2, qwen_image.MAX_SEQUENCE_LENGTH)

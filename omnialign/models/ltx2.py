@@ -127,7 +127,7 @@ class LTX2Policy:
                                 truncation=True, add_special_tokens=True,
                                 return_tensors="pt").to(self.text_encoder.device)  # fmt: skip
         hidden = self.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
-                                   output_hidden_states=True).hidden_states  # fmt: skip
+                                   output_hidden_states=True, logits_to_keep=1).hidden_states  # fmt: skip
         embeds = torch.stack(hidden, dim=-1).flatten(2, 3).to(self.text_encoder.dtype)
         video, audio, mask = self.connectors(embeds, tokens.attention_mask, padding_side=self.tokenizer.padding_side)
         return TensorDict(video=video, audio=audio, mask=mask.bool(), batch_size=[len(prompts)])

@@ -141,7 +141,10 @@ class QwenImagePolicy:
             return_tensors="pt",
         ).to(self.text_encoder.device)
         hidden = self.text_encoder(
-            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_hidden_states=True
+            input_ids=tokens.input_ids,
+            attention_mask=tokens.attention_mask,
+            output_hidden_states=True,
+            logits_to_keep=1,  # the logits are not used: no head GEMM over 152k tokens for every prompt token
         ).hidden_states[-1]
         length = self.max_sequence_length
         embeds = hidden.new_zeros(len(prompts), length, hidden.shape[-1])
