@@ -61,7 +61,7 @@ def record(trainer, step: int, metrics: dict[str, torch.Tensor], key: str, valid
         grid = grid_path(trainer.run_dir, step)
         images = {"val/samples": grid} if validated and grid.exists() else {}
         trainer.log.log(step, values, echo=tqdm.write, images=images)
-        if key in values:
+        if key in values and step > 0:  # from the first validation after the base's: a curve, not a point
             plot_curves(read_metrics(trainer.log.path), trainer.run_dir / "reward_curve.png")
 
 
