@@ -1,6 +1,7 @@
 """Every glyphs recipe runs 2 steps end to end at debug sizes, with its own algorithm's metrics, and with
-trainer.deterministic twice gives the same metrics.jsonl bit for bit, timings aside (the video recipes' second run
-only with --runslow: it costs 15 s each on a 2-core CPU; the GPU tier runs it beside other processes). For the first
+trainer.deterministic twice gives the same metrics.jsonl bit for bit, timings aside (the video recipes' second run,
+and that of the edit recipes after glyphs_edit, only with --runslow: 5-15 s each on a 2-core CPU, for paths that
+glyphs_edit and each algorithm's first recipe check; `make test-slow` runs them). For the first
 recipe of each algorithm (FAMILIES) the second run is the resume check instead: the 2-step run resumed for a third
 step equals 3 steps straight, every metric and every trained weight, bit for bit."""
 
@@ -65,7 +66,7 @@ def test_recipe_runs_two_steps(name, tmp_path, request):
         wa, wb = (trained_weights(tmp_path / run / name) for run in ("a", "b"))
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
         return
-    if name.startswith("glyphs_video") and not request.config.getoption("--runslow"):
-        return
+    if name.startswith(("glyphs_video", "glyphs_edit_")) and not request.config.getoption("--runslow"):
+        return  # each algorithm's determinism is its family's check above; the edit world's is glyphs_edit's
     main(validate(apply_overrides(RECIPES[name](), [*small, f"trainer.output_dir={tmp_path / 'b'}"])))
     assert without_timing(read_metrics(tmp_path / "b" / config.name / "metrics.jsonl")) == without_timing(records)
