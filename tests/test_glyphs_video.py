@@ -122,8 +122,22 @@ def test_grid_shows_each_video_as_a_strip_of_frames(tmp_path):
     videos = torch.stack([clip("3333"), clip("35-3")])
     save_grid(videos, ["a", "b"], 2, tmp_path / "grid.png", scale=1)
     grid = Image.open(tmp_path / "grid.png")
-    assert grid.size == (2 * (FRAMES * SIZE + FRAMES - 1 + 4), SIZE + 12 + 4)
+    assert grid.size == (2 * (FRAMES * SIZE + FRAMES - 1 + 4), SIZE + 12 + 4) and grid.mode == "L"  # gray frames
     pixels = torch.from_numpy(np.asarray(grid.convert("L")).astype(np.int64))
     strip = pixels[2 : 2 + SIZE, FRAMES * SIZE + FRAMES - 1 + 4 + 2 :][:, : FRAMES * SIZE + FRAMES - 1]
     assert (strip[:, SIZE] == 255).all()  # the white line between the first two frames
     assert strip[:, 2 * (SIZE + 1) : 3 * SIZE + 2].max() == 0  # the blank third frame of the second clip
+
+
+def test_grid_keeps_gray_images_gray_and_colour_images_in_colour(tmp_path):
+    """One channel makes an 8-bit gray PNG, three an RGB one; each image is pasted at its place, scaled 2x."""
+    gray = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]])[None]  # (1, 1, 2, 2)
+    save_grid(gray, ["x"], 1, tmp_path / "gray.png")
+    image = Image.open(tmp_path / "gray.png")
+    assert image.mode == "L" and image.size == (4 + 4, 4 + 12 + 4)
+    assert np.asarray(image)[2:6, 2:6].tolist() == [[0, 0, 255, 255]] * 2 + [[255, 255, 0, 0]] * 2
+    red = torch.zeros(1, 3, 2, 2)
+    red[:, 0] = 1
+    save_grid(red, ["y"], 1, tmp_path / "red.png")
+    image = Image.open(tmp_path / "red.png")
+    assert image.mode == "RGB" and (np.asarray(image)[2:6, 2:6] == [255, 0, 0]).all()
