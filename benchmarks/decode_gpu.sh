@@ -11,6 +11,9 @@
 #   benchmarks/decode_gpu.sh OUT autotune    # the compiled decoder at batch 128 as it is, with inductor's GEMM
 #                                            # autotuning (TORCHINDUCTOR_MAX_AUTOTUNE=1), and with coordinate-descent
 #                                            # tuning of its fused kernels besides (three processes, one after another)
+#   benchmarks/decode_gpu.sh OUT triton      # benchmarks/decode_splitkv.py: the decode attention alone (SDPA and every
+#                                            # Triton tile config), then the compiled decoder through SDPA and through
+#                                            # the kernel with the best tiles at 128 x 384 (about 3.5 minutes; a GPU)
 # TINY=1 checks the script on a CPU with the tiny twin.
 set -uo pipefail
 out=$1
@@ -56,6 +59,14 @@ for stage in "$@"; do
                 --decoders compiled --out "$out/autotune_$tuning.json" >"$out/autotune_$tuning.log" 2>&1
             echo "autotune $tuning rc=$?"; grep -E '^(\{"decoder|compiled )' "$out/autotune_$tuning.log" | cut -c1-420
         done
+        ;;
+    triton)
+        python3 benchmarks/decode_splitkv.py micro "$out/triton_micro.json" >"$out/triton_micro.log" 2>&1
+        echo "triton micro rc=$?"; cut -c1-300 "$out/triton_micro.log"
+        tiles=$(python3 -c "import json, sys; r = [r for r in json.load(open(sys.argv[1])) if (r['batch'], r['L']) == (128, 384)]
+print(*(r[0]['best'][k] for k in ('chunk', 'block', 'warps', 'stages')))" "$out/triton_micro.json")
+        python3 benchmarks/decode_splitkv.py decode "$out/triton_decode.jsonl" $tiles >"$out/triton_decode.log" 2>&1
+        echo "triton decode ($tiles) rc=$?"; grep "^==" "$out/triton_decode.log"
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac
