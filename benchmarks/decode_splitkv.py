@@ -29,9 +29,11 @@ import sys
 import textwrap
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from omnialign.rollout import decode
+from omnialign.rollout.decode import decode_attention
 
 
 @triton.jit
@@ -121,8 +123,6 @@ def _(q, k, v, keys, values, slots, visible, scale):
 def kernel_forward():
     """`decode._forward` with the decode step's cache write and attention through `write_attention` (the prefill as
     it was): the code's own source with those lines replaced, run in the decode module's namespace."""
-    from omnialign.rollout import decode
-
     source = textwrap.dedent(inspect.getsource(decode._forward))
     before = """        keys[i].index_copy_(2, slots, k.to(keys[i].dtype))
         values[i].index_copy_(2, slots, v.to(values[i].dtype))
@@ -159,15 +159,11 @@ def case(batch: int, heads: int, groups: int, dim: int, length: int, device: str
     return q, k, v, seen.to(device)[:, None, None, :length]
 
 
-def sdpa(q, k, v, visible, scale):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
-
-
 def check() -> None:
     """`attention` against SDPA in float32 over splits of every kind (several, one ending past the cache, one)."""
     for length, chunk, block in ((150, 64, 32), (150, 32, 32), (130, 256, 64), (64, 64, 64)):
         q, k, v, visible = case(3, 2, 4, 128, length, "cpu", torch.float32)
-        expected = sdpa(q, k, v, visible, 128**-0.5)
+        expected = decode_attention(q, k, v, visible, 128**-0.5)
         err = (attention(q, k, v, visible, 128**-0.5, chunk, block, 4, 2) - expected).abs().max().item()
         print(f"L={length} chunk={chunk} block={block}: largest difference {err:.2e}", flush=True)
         assert err < 1e-5, err
@@ -204,11 +200,11 @@ def micro(out: str) -> None:
     rows = []
     for batch, length in ((128, 384), (128, 256), (32, 384), (256, 384)):
         inputs = (*case(batch, 8, 4, 128, length, "cuda", torch.bfloat16), 128**-0.5)
-        exact = sdpa(*(t.float() for t in inputs[:3]), *inputs[3:])
+        exact = decode_attention(*(t.float() for t in inputs[:3]), *inputs[3:])
         mb = 2 * inputs[1].numel() * 2 / 1e6
-        ms = timed(sdpa, *inputs)
+        ms = timed(decode_attention, *inputs)
         row = {"batch": batch, "L": length, "kv_MB": round(mb, 1), "sdpa_ms": round(ms, 4), "sdpa_GBs": round(mb / ms),
-               "sdpa_err": float((sdpa(*inputs).float() - exact).abs().max()), "all": []}  # fmt: skip
+               "sdpa_err": float((decode_attention(*inputs).float() - exact).abs().max()), "all": []}  # fmt: skip
         for chunk, block, warps, stages in itertools.product((32, 64, 128, 512), (32, 64), (2, 4, 8), (1, 2, 3)):
             if block > chunk or (chunk == 512 and block == 32):
                 continue
@@ -223,10 +219,9 @@ def micro(out: str) -> None:
         json.dump(rows, f)
 
 
-def decode(out: str) -> None:
+def in_decoder(out: str) -> None:
     """The compiled decoder as the code has it, then through `kernel_forward`, one process; a row each to `out`."""
     from omnialign.bench.decode import bench_decode
-    from omnialign.rollout import decode
 
     code = decode._forward
     for name, forward in (("sdpa", code), ("triton", kernel_forward())):
@@ -253,4 +248,4 @@ if __name__ == "__main__":
         micro(args[0])
     else:
         TILES.update(zip(("chunk", "block", "warps", "stages"), map(int, args[1:])))
-        decode(args[0])
+        in_decoder(args[0])
