@@ -13,7 +13,8 @@
 #                                            # tuning of its fused kernels besides (three processes, one after another)
 #   benchmarks/decode_gpu.sh OUT triton      # benchmarks/decode_splitkv.py: the decode attention alone (SDPA and every
 #                                            # Triton tile config), then the compiled decoder through SDPA and through
-#                                            # the kernel with the best tiles at 128 x 384 (about 3.5 minutes; a GPU)
+#                                            # the kernels with the best tiles at 128 x 384, at batch 128 and at the
+#                                            # batches TRITON_BATCHES names (about 3.5 minutes for batch 128; a GPU)
 # TINY=1 checks the script on a CPU with the tiny twin.
 set -uo pipefail
 out=$1
@@ -64,9 +65,11 @@ for stage in "$@"; do
         python3 benchmarks/decode_splitkv.py micro "$out/triton_micro.json" >"$out/triton_micro.log" 2>&1
         echo "triton micro rc=$?"; cut -c1-300 "$out/triton_micro.log"
         tiles=$(python3 -c "import json, sys; r = [r for r in json.load(open(sys.argv[1])) if (r['batch'], r['L']) == (128, 384)]
-print(*(r[0]['best'][k] for k in ('chunk', 'block', 'warps', 'stages')))" "$out/triton_micro.json")
-        python3 benchmarks/decode_splitkv.py decode "$out/triton_decode.jsonl" $tiles >"$out/triton_decode.log" 2>&1
-        echo "triton decode ($tiles) rc=$?"; grep "^==" "$out/triton_decode.log"
+print(*(r[0]['best'][k] for k in ('block', 'warps', 'stages')))" "$out/triton_micro.json")
+        for b in 128 ${TRITON_BATCHES:-}; do  # then the batches TRITON_BATCHES names (TRITON_BATCHES="32 256")
+            python3 benchmarks/decode_splitkv.py decode "$out/triton_decode.jsonl" $b $tiles >"$out/triton_decode_b$b.log" 2>&1
+            echo "triton decode batch $b ($tiles) rc=$?"; grep "^==" "$out/triton_decode_b$b.log"
+        done
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac

@@ -286,6 +286,43 @@ def test_on_cuda(path, dtype, decoder, graph, adapter):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flash_decode_attention_equals_sdpa(dtype):
+    """The decode step's Triton attention on CUDA (`flash_decode.attention`) against SDPA's (`decode_attention`, in
+    float32) over the head widths of the tiny twins (8, 12) and of the real models (128), 1 to 8 query rows a
+    key/value head, slots in several splits, in one, and in a split ending past the cache, with rows left-padded by
+    different amounts and one with holes; the mask counts. The cache write: `write_attention` writes the step's slot."""
+    from omnialign.rollout import flash_decode
+
+    g = torch.Generator().manual_seed(0)
+    cases = ((3, 2, 4, 128, 150, 64, 32), (3, 1, 2, 8, 150, 32, 32), (2, 2, 8, 12, 130, 256, 64),
+             (4, 2, 1, 128, 384, 512, 64))  # fmt: skip
+    for batch, heads, groups, dim, length, chunk, block in cases:
+        q = torch.randn(batch, heads, groups, dim, generator=g)
+        k, v = (torch.randn(batch, heads, length + 1, dim, generator=g)[:, :, :length] for _ in "kv")
+        seen = torch.ones(batch, length, dtype=torch.bool)
+        for b in range(batch):
+            seen[b, : (b * 37) % (length // 2)] = False
+        seen[1] = torch.rand(length, generator=g) < 0.5
+        visible = seen[:, None, None].cuda()
+        inputs = [t.to("cuda", dtype) for t in (q, k, v)]
+        expected = decode.decode_attention(*(t.float() for t in inputs), visible, dim**-0.5)
+        tiles = (chunk, block, 2, 2)
+        out = flash_decode.attention(*inputs, visible, dim**-0.5, *tiles).float()
+        torch.testing.assert_close(out, expected, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=0)
+        unmasked = flash_decode.attention(*inputs, visible | True, dim**-0.5, *tiles).float()
+        assert (unmasked - expected).abs().max() > 0.1
+    keys, values = torch.zeros(2, 2, 9, 8, device="cuda"), torch.zeros(2, 2, 9, 8, device="cuda")
+    k, v = torch.randn(2, 2, 1, 8, device="cuda"), torch.randn(2, 2, 1, 8, device="cuda")
+    visible = torch.zeros(2, 1, 1, 9, dtype=torch.bool, device="cuda")
+    visible[..., 5] = True
+    out = flash_decode.write_attention(torch.randn(2, 2, 4, 8, device="cuda"), k, v, keys, values,
+                                       torch.tensor([5], device="cuda"), visible, 1.0)  # fmt: skip
+    assert torch.equal(keys[:, :, 5:6], k) and torch.equal(values[:, :, 5:6], v) and keys[:, :, :5].eq(0).all()
+    torch.testing.assert_close(out, v.expand(-1, -1, 4, -1))  # the one visible slot: its value
+
+
+@pytest.mark.gpu
 def test_cuda_graph_replay_equals_the_eager_step(policy):
     net = policy.transformer.cuda()
     ids, mask = (t.cuda() for t in prompts(policy))

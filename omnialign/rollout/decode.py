@@ -11,8 +11,9 @@ one graph replay and a few sampling kernels. By default (`merge_lora`) a layer's
 GEMMs by copies of their weights made once per generation: q/k/v stacked into one, gate/up into another, each with
 its active LoRA adapters folded in, W + s·B·A (the network's own weights are not touched), instead of seven base
 GEMMs plus peft's cast, two small GEMMs, scale and add per adapted projection at every token. Without it the layers
-run through the network's own modules. A network sharded with FSDP2 is unsharded for the whole generation and
-resharded after (`readable`).
+run through the network's own modules. On a GPU a decode step's cache write and attention are one Triton operator
+(`flash_decode`), which pads a key/value head's few query rows to 16 where SDPA's kernels pad them to 64 or 128. A
+network sharded with FSDP2 is unsharded for the whole generation and resharded after (`readable`).
 
 Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
 default generator (seed it as the rollout does). The logits come from the output head in float32, as training
@@ -101,6 +102,21 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
 
 
+def write_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                           values: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
+                           scale: float) -> torch.Tensor:  # fmt: skip
+    """A decode step's cache write, k/v (B, KV, 1, D) into slot `slots` of keys/values (B, KV, L, D), and its
+    `decode_attention` of q (B, KV, G, D) -> (B, KV, G, D). On a GPU both are one Triton operator
+    (`flash_decode.write_attention`)."""
+    if q.is_cuda:
+        from omnialign.rollout import flash_decode  # Triton: CUDA builds of torch only
+
+        return flash_decode.write_attention(q, k, v, keys, values, slots, visible, scale)
+    keys.index_copy_(2, slots, k)
+    values.index_copy_(2, slots, v)
+    return decode_attention(q, keys, values, visible, scale)
+
+
 def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
              keys: list[torch.Tensor], values: list[torch.Tensor],
              merged: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]] | None) -> torch.Tensor:  # fmt: skip
@@ -128,12 +144,13 @@ def _forward(net: nn.Module, ids: torch.Tensor, positions: torch.Tensor, slots: 
         k = attn.k_norm(k.view(heads)).transpose(1, 2)
         v = v.view(heads).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *rope)
-        keys[i].index_copy_(2, slots, k.to(keys[i].dtype))
-        values[i].index_copy_(2, slots, v.to(values[i].dtype))
+        k, v = k.to(keys[i].dtype), v.to(values[i].dtype)
         if length == 1:
-            o = decode_attention(q.reshape(batch, keys[i].shape[1], -1, attn.head_dim), keys[i], values[i], visible,
-                                 attn.scaling)  # fmt: skip
+            o = write_decode_attention(q.reshape(batch, keys[i].shape[1], -1, attn.head_dim), k, v, keys[i],
+                                       values[i], slots, visible, attn.scaling)  # fmt: skip
         else:
+            keys[i].index_copy_(2, slots, k)
+            values[i].index_copy_(2, slots, v)
             o = F.scaled_dot_product_attention(q, keys[i], values[i], attn_mask=visible, scale=attn.scaling,
                                                enable_gqa=True).transpose(1, 2)  # fmt: skip
         o = o.reshape(batch, length, -1)

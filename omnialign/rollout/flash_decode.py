@@ -1,0 +1,119 @@
+"""A decode step's attention on a GPU as two Triton kernels (flash decoding), with the step's cache write.
+
+At a decode step each key/value head has a few query rows (Qwen3-8B: 4). SDPA's kernels pad them to a 64- or
+128-row tile and took 0.094-0.100 ms a layer at batch 128 x 384 slots on an H100 and an H200 alike, held by that
+padded work rather than by the 200 MB of keys and values they read. `attention` pads the rows to 16 (tl.dot's least):
+program (pair, split) takes CHUNK slots of one (row, key/value head) pair in blocks of BLOCK and writes its rows'
+unnormalised float32 output and running max and sum; `_combine` weighs the splits together. A masked slot scores
+-inf; the running max starts finite, so that a block of masked slots leaves the state as it was.
+
+`write_attention` is one operator that writes the step's key and value into the cache and attends: an opaque operator
+that read the cache after a write outside it would be handed, inside a compiled step, a fresh copy of the written
+cache (its functional value, a layer's 200 MB read and written again at batch 128), which made such a kernel a third
+slower than SDPA in the decoder (BENCHMARKS.md, issue 32's decode attention).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _partial(q, k, v, visible, part, stats, scale, length, sqb, sqh, sqg, skb, skh, skl, svb, svh, svl, smb, sml,
+             chunk, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
+             BLOCK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    pair, split = tl.program_id(0), tl.program_id(1)
+    row, head = pair // KV, pair % KV
+    g, d = tl.arange(0, ROWS), tl.arange(0, DIM)
+    rows = (g[:, None] < G) & (d[None, :] < D)
+    query = tl.load(q + row * sqb + head * sqh + g[:, None] * sqg + d[None, :], mask=rows, other=0.0)
+    top = tl.full([ROWS], -1e30, tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, DIM], tl.float32)
+    for start in tl.range(0, chunk, BLOCK):
+        n = split * chunk + start + tl.arange(0, BLOCK)
+        inside = n < length
+        seen = tl.load(visible + row * smb + n * sml, mask=inside, other=0) != 0
+        where = inside[:, None] & (d[None, :] < D)
+        keys = tl.load(k + row * skb + head * skh + n[:, None] * skl + d[None, :], mask=where, other=0.0)
+        scores = tl.dot(query, tl.trans(keys), input_precision=PRECISION).to(tl.float32) * scale
+        scores = tl.where(seen[None, :], scores, float("-inf"))
+        new_top = tl.maximum(top, tl.max(scores, 1))
+        probs = tl.exp(scores - new_top[:, None])
+        fade = tl.exp(top - new_top)
+        total = total * fade + tl.sum(probs, 1)
+        values = tl.load(v + row * svb + head * svh + n[:, None] * svl + d[None, :], mask=where, other=0.0)
+        acc = acc * fade[:, None] + tl.dot(probs.to(values.dtype), values, input_precision=PRECISION)
+        top = new_top
+    at = (pair * tl.num_programs(1) + split) * G + g
+    tl.store(part + at[:, None] * DIM + d[None, :], acc, mask=g[:, None] < G)
+    tl.store(stats + at * 2, top, mask=g < G)
+    tl.store(stats + at * 2 + 1, total, mask=g < G)
+
+
+@triton.jit
+def _combine(part, stats, out, splits, sob, soh, sog, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+             DIM: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    pair = tl.program_id(0)
+    row, head = pair // KV, pair % KV
+    s, d = tl.arange(0, SPLITS), tl.arange(0, DIM)
+    for g in tl.static_range(G):
+        at = (pair * splits + s) * G + g
+        tops = tl.load(stats + at * 2, mask=s < splits, other=float("-inf"))
+        totals = tl.load(stats + at * 2 + 1, mask=s < splits, other=0.0)
+        weights = tl.exp(tops - tl.max(tops, 0))
+        parts = tl.load(part + at[:, None] * DIM + d[None, :], mask=(s < splits)[:, None], other=0.0)
+        o = tl.sum(parts * weights[:, None], 0) / tl.sum(totals * weights, 0)
+        tl.store(out + row * sob + head * soh + g * sog + d, o.to(out.dtype.element_ty), mask=d < D)
+
+
+TILES = {"block": 64, "warps": 2, "stages": 2}
+"""The tiles `write_attention` uses: the best of `benchmarks/decode_splitkv.py micro` at Qwen3-8B's batch 128 x 384
+slots on an H100 (where one split per pair was best: 1,024 pairs already fill the card)."""
+
+
+def split_length(pairs: int, length: int, processors: int, block: int) -> int:
+    """Slots per split (`attention`'s chunk) for `pairs` (row, key/value head) pairs over `length` slots: as many
+    splits as make the programs fill the card's `processors` twice over (one split where the pairs alone do, at
+    most one per block), in whole blocks."""
+    splits = min(triton.cdiv(2 * processors, pairs), triton.cdiv(length, block))
+    return triton.cdiv(triton.cdiv(length, splits), block) * block
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float, chunk: int,
+              block: int, warps: int, stages: int) -> torch.Tensor:  # fmt: skip
+    """`decode.decode_attention`: q (B, KV, G, D), k/v (B, KV, L, D) (the last dimension contiguous), visible
+    (B, 1, 1, L) bool -> (B, KV, G, D) in q's dtype, the slots in splits of `chunk` read in blocks of `block` (chunk a
+    multiple of block)."""
+    batch, heads, groups, dim = q.shape
+    length = k.shape[2]
+    splits = triton.cdiv(length, chunk)
+    padded = max(16, triton.next_power_of_2(dim))
+    part = torch.empty(batch * heads * splits * groups, padded, dtype=torch.float32, device=q.device)
+    stats = torch.empty(batch * heads * splits * groups, 2, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    _partial[(batch * heads, splits)](
+        q, k, v, visible, part, stats, scale, length, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        visible.stride(0), visible.stride(3), chunk, KV=heads, G=groups, D=dim,
+        ROWS=max(16, triton.next_power_of_2(groups)), DIM=padded, BLOCK=block,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)  # fmt: skip
+    _combine[(batch * heads,)](part, stats, out, splits, *out.stride()[:3], KV=heads, G=groups, D=dim, DIM=padded,
+                               SPLITS=max(2, triton.next_power_of_2(splits)))  # fmt: skip
+    return out
+
+
+@torch.library.custom_op("omnialign::write_attention", mutates_args=("keys", "values"))
+def write_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    slots: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+    """A decode step's cache write (k/v (B, KV, 1, D) into slot `slots` of keys/values (B, KV, L, D)) and its
+    `attention` of q (B, KV, G, D) -> (B, KV, G, D)."""
+    keys.index_copy_(2, slots, k)
+    values.index_copy_(2, slots, v)
+    processors = torch.cuda.get_device_properties(q.device).multi_processor_count
+    chunk = split_length(q.shape[0] * q.shape[1], keys.shape[2], processors, TILES["block"])
+    return attention(q, keys, values, visible, scale, chunk, **TILES)
+
+
+@write_attention.register_fake
+def _(q, k, v, keys, values, slots, visible, scale):
+    return torch.empty_like(q)
