@@ -10,7 +10,9 @@ unnormalised float32 output and running max and sum; `_combine` weighs the split
 `write_attention` is one operator that writes the step's key and value into the cache and attends: an opaque operator
 that read the cache after a write outside it would be handed, inside a compiled step, a fresh copy of the written
 cache (its functional value, a layer's 200 MB read and written again at batch 128), which made such a kernel a third
-slower than SDPA in the decoder (BENCHMARKS.md, issue 32's decode attention).
+slower than SDPA in the decoder. As it is, on an H100 at batch 128 x 384 slots it takes 0.077 ms a layer against
+SDPA's 0.100, and the compiled decoder samples Qwen3-8B 5.4% faster (BENCHMARKS.md, "the Triton decode attention
+adopted").
 """
 
 import torch
