@@ -3,9 +3,9 @@
 At a decode step each key/value head has a few query rows (Qwen3-8B: 4). SDPA's kernels pad them to a 64- or
 128-row tile and took 0.094-0.100 ms a layer at batch 128 x 384 slots on an H100 and an H200 alike, held by that
 padded work rather than by the 200 MB of keys and values they read. `attention` pads the rows to 16 (tl.dot's least):
-program (pair, split) takes CHUNK slots of one (row, key/value head) pair in blocks of BLOCK and writes its rows'
-unnormalised float32 output and running max and sum; `_combine` weighs the splits together. A masked slot scores
--inf; the running max starts finite, so that a block of masked slots leaves the state as it was.
+program (pair, split) takes `chunk` slots (`split_length`) of one (row, key/value head) pair in blocks of BLOCK and
+writes its rows' unnormalised float32 output and running max and sum; `_combine` weighs the splits together. A
+masked slot scores -inf; the running max starts finite, so that a block of masked slots leaves the state as it was.
 
 `write_attention` is one operator that writes the step's key and value into the cache and attends: an opaque operator
 that read the cache after a write outside it would be handed, inside a compiled step, a fresh copy of the written
