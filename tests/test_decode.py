@@ -105,8 +105,8 @@ def test_one_rank_decodes_from_the_frozen_weights_own_storage(path, monkeypatch)
     fsdp.shard(net, list(net.model.layers), fsdp.mesh(world), torch.bfloat16)
     assert isinstance(net.model.layers[0].self_attn.q_proj.lora_A.default.weight, DTensor)  # trained: FSDP's
     read = []
-    attention = decode.decode_attention
-    monkeypatch.setattr(decode, "decode_attention", lambda *a: read.append(down.weight.data_ptr()) or attention(*a))
+    write = decode.write_decode_attention  # each decode step's, on the CPU and on CUDA
+    monkeypatch.setattr(decode, "write_decode_attention", lambda *a: read.append(down.weight.data_ptr()) or write(*a))
     ids, mask = (t.to(world.device) for t in prompts(policy))
     outputs = []
     for network in (net, unsharded):
