@@ -15,6 +15,10 @@
 #                                            # Triton tile config), then the compiled decoder through SDPA and through
 #                                            # the kernels with the best tiles at 128 x 384, at batch 128 and at the
 #                                            # batches TRITON_BATCHES names (about 3.5 minutes for batch 128; a GPU)
+#   benchmarks/decode_gpu.sh OUT draw        # the compiled decoder at batch 128 and at the batches TRITON_BATCHES names,
+#                                            # three ways in one process each: SDPA and the eager draw, the Triton
+#                                            # attention and the eager draw, the code (the attention and the fused
+#                                            # draw); about a minute each on an H100
 # TINY=1 checks the script on a CPU with the tiny twin.
 set -uo pipefail
 out=$1
@@ -69,6 +73,12 @@ print(*(r[0]['best'][k] for k in ('block', 'warps', 'stages')))" "$out/triton_mi
         for b in 128 ${TRITON_BATCHES:-}; do  # then the batches TRITON_BATCHES names (TRITON_BATCHES="32 256")
             python3 benchmarks/decode_splitkv.py decode "$out/triton_decode.jsonl" $b $tiles >"$out/triton_decode_b$b.log" 2>&1
             echo "triton decode batch $b ($tiles) rc=$?"; grep "^==" "$out/triton_decode_b$b.log"
+        done
+        ;;
+    draw)
+        for b in 128 ${TRITON_BATCHES:-}; do
+            python3 benchmarks/decode_splitkv.py decode "$out/draw_decode.jsonl" $b >"$out/draw_decode_b$b.log" 2>&1
+            echo "draw decode batch $b rc=$?"; grep "^==" "$out/draw_decode_b$b.log"
         done
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;

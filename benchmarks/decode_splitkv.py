@@ -1,11 +1,13 @@
 """Issue 32, goal 3: the decode step's attention through `omnialign.rollout.flash_decode` (two Triton kernels, flash
-decoding) beside SDPA, alone and inside the compiled decoder.
+decoding) beside SDPA, alone and inside the compiled decoder, and its draw through `fused_sample` beside the eager
+softmax, multinomial and log softmax.
 
     TRITON_INTERPRET=1 python benchmarks/decode_splitkv.py check      # equal to SDPA (a CPU, Triton's interpreter)
     python benchmarks/decode_splitkv.py micro OUT.json                # SDPA and every tile config, alone (a GPU)
     python benchmarks/decode_splitkv.py decode OUT.jsonl BATCH [BLOCK WARPS STAGES]
         # `bench decode --model-size 8b --prompts BATCH --prompt-len 256 --max-new-tokens 128 --decoders compiled`,
-        # through SDPA and then through the kernels (with these tiles), in one process
+        # through SDPA with the eager draw, through the kernels (with these tiles) with the eager draw, then as the
+        # code has it (the kernels and the fused draw), in one process
 """
 
 import itertools
@@ -24,6 +26,13 @@ def sdpa_write_attention(q, k, v, keys, values, slots, visible, scale):
     keys.index_copy_(2, slots, k)
     values.index_copy_(2, slots, v)
     return decode_attention(q, keys, values, visible, scale)
+
+
+def eager_sample(logits, temperature, top_k, top_p, greedy):
+    """`decode.sample` as it is on a CPU without top-k or top-p: softmax, a multinomial draw, log softmax."""
+    scores = logits / temperature
+    token = torch.multinomial(scores.softmax(-1), 1).squeeze(-1)
+    return token, scores.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
 
 
 def case(batch: int, heads: int, groups: int, dim: int, length: int, device: str, dtype: torch.dtype) -> tuple:
@@ -105,17 +114,18 @@ def micro(out: str) -> None:
 
 
 def in_decoder(out: str, batch: int) -> None:
-    """The compiled decoder at `batch` prompts through SDPA, then as the code has it (the kernels), one process; a row
-    each to `out`."""
+    """The compiled decoder at `batch` prompts through SDPA and the eager draw, through the kernels and the eager
+    draw, then as the code has it (the kernels and the fused draw), one process; a row each to `out`."""
     from omnialign.bench.decode import bench_decode
 
-    code = decode.write_decode_attention
-    for name, attend in (("sdpa", sdpa_write_attention), ("triton", code)):
-        decode.write_decode_attention = attend
+    code = decode.write_decode_attention, decode.sample
+    variants = {"sdpa": (sdpa_write_attention, eager_sample), "triton": (code[0], eager_sample), "triton_draw": code}
+    for name, (attend, draw) in variants.items():
+        decode.write_decode_attention, decode.sample = attend, draw
         torch._dynamo.reset()
         rows = bench_decode(decoders=["compiled"], tiny=False, model_size="8b", prompt_len=256, max_new_tokens=128,
                             batch=batch)  # fmt: skip
-        decode.write_decode_attention = code
+        decode.write_decode_attention, decode.sample = code
         with open(out, "a") as f:
             for row in rows:
                 f.write(json.dumps({"attention": name, "tiles": TILES, **row}) + "\n")

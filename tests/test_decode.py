@@ -57,9 +57,10 @@ def through_stop(out: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
     return is_stop.cumsum(1) - is_stop == 0
 
 
-def sampled(policy, decoder: str, ids, mask, stop_ids: list[int], seed: int, tokens: int = 10, **kw) -> tuple:
-    """(responses, log-probs) of one decoder sampling at SAMPLING under `seed` with these stop tokens."""
-    temperature, top_k, top_p = SAMPLING
+def sampled(policy, decoder: str, ids, mask, stop_ids: list[int], seed: int, tokens: int = 10,
+            sampling: tuple = SAMPLING, **kw) -> tuple:  # fmt: skip
+    """(responses, log-probs) of one decoder sampling at `sampling` under `seed` with these stop tokens."""
+    temperature, top_k, top_p = sampling
     torch.manual_seed(seed)
     if decoder == "static":
         return decode.generate(policy.transformer, ids, mask, stop_ids, policy.pad_token_id, tokens, temperature,
@@ -69,21 +70,22 @@ def sampled(policy, decoder: str, ids, mask, stop_ids: list[int], seed: int, tok
     return policy.generate(ids, mask, None, options)
 
 
-def check_against_training(policy, decoder: str, seed: int, device: str = "cpu", **kw) -> dict[str, torch.Tensor]:
-    """Sample with one row forced to stop early (its second token of a free run made a stop token); check the
-    padding and zero log-probs after each stop, and return the recorded and the training forward's log-probs of the
-    kept tokens, and the responses."""
+def check_against_training(policy, decoder: str, seed: int, device: str = "cpu", sampling: tuple = SAMPLING,
+                           **kw) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Sample at `sampling` with one row forced to stop early (its second token of a free run made a stop token);
+    check the padding and zero log-probs after each stop, and return the recorded and the training forward's
+    log-probs of the kept tokens, and the responses."""
     ids, mask = (t.to(device) for t in prompts(policy))
-    free, _ = sampled(policy, decoder, ids, mask, [], seed, **kw)
+    free, _ = sampled(policy, decoder, ids, mask, [], seed, sampling=sampling, **kw)
     row = seed % len(ids)
     stops = sorted({*policy.stop_token_ids, int(free[row, 1])})
-    out, lp = sampled(policy, decoder, ids, mask, stops, seed, **kw)
+    out, lp = sampled(policy, decoder, ids, mask, stops, seed, sampling=sampling, **kw)
     keep = through_stop(out, stops)
     assert keep[row].sum() <= 2, "the forced stop did not end its row early"
     assert (out[~keep] == policy.pad_token_id).all() and (lp[~keep] == 0).all()
     full = torch.cat([ids, out], 1)
     with torch.no_grad():
-        expected = policy.token_logprobs(full, torch.cat([mask, keep.long()], 1), None, ids.shape[1], SAMPLING[0])
+        expected = policy.token_logprobs(full, torch.cat([mask, keep.long()], 1), None, ids.shape[1], sampling[0])
     return {"recorded": lp[keep], "training": expected[keep], "out": out}
 
 
@@ -321,6 +323,37 @@ def test_flash_decode_attention_equals_sdpa(dtype):
                                        torch.tensor([5], device="cuda"), visible, 1.0)  # fmt: skip
     assert torch.equal(keys[:, :, 5:6], k) and torch.equal(values[:, :, 5:6], v) and keys[:, :, :5].eq(0).all()
     torch.testing.assert_close(out, v.expand(-1, -1, 4, -1))  # the one visible slot: its value
+
+
+@pytest.mark.gpu
+def test_fused_draw_samples_the_softmax_and_records_the_training_log_probs(policy):
+    """`fused_sample.draw`, the decode step's draw on CUDA without top-k or top-p: the drawn tokens' log-probs are log
+    softmax(logits / temperature)'s in float64 within float32 rounding over Qwen3's vocabulary, a -inf (banned)
+    token is never drawn, 200,000 draws from five tokens follow the softmax, and a seed repeats the draws; through
+    the static decoder the recorded log-probs are the training forward's."""
+    from omnialign.rollout import fused_sample
+
+    logits = (torch.randn(64, 151_936, generator=torch.Generator().manual_seed(0)) * 4).cuda()
+    logits[:, ::7] = float("-inf")
+    for temperature in (1.0, 0.7):
+        tokens, logps = fused_sample.draw(logits, temperature)
+        exact = (logits.double() / temperature).log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+        torch.testing.assert_close(logps.double(), exact, atol=1e-5, rtol=0)  # 7.7e-7 in Triton's interpreter
+        assert (tokens % 7 != 0).all()
+    few = torch.tensor([0.0, 1.0, 2.0, -1.0, float("-inf")], device="cuda").repeat(200_000, 1)
+    torch.manual_seed(0)
+    tokens, _ = fused_sample.draw(few, 1.0)
+    share = torch.bincount(tokens, minlength=5).double() / len(tokens)
+    expected = few[0].double().softmax(-1)
+    assert ((share - expected).abs() <= 5 * (expected * (1 - expected) / len(tokens)).sqrt()).all(), share
+    torch.manual_seed(0)
+    assert torch.equal(fused_sample.draw(few, 1.0)[0], tokens)
+    assert not torch.equal(fused_sample.draw(few, 1.0)[0], tokens)
+    policy.transformer.cuda()
+    results = [check_against_training(policy, "static", seed, "cuda", sampling=(0.7, 0, 1.0)) for seed in (0, 1, 2)]
+    gap = torch.cat([(r["recorded"] - r["training"]).abs() for r in results])
+    print(f"fused draw: gap {gap.mean():.2e} max {gap.max():.2e}")
+    assert gap.max() < 1e-4, (float(gap.mean()), float(gap.max()))
 
 
 @pytest.mark.gpu

@@ -5,9 +5,9 @@ graph is captured per such reach. The Qwen3-Omni thinker's layers are the same b
 step runs as their own module; its prompts (media, 3-D rotary positions) come prefilled by its own forward
 (`Prefill`), and its decode steps rotate at the positions past them.
 
-transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an
-H200 far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs
-one graph replay and a few sampling kernels. By default (`merge_lora`) a layer's seven projections run as four
+transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an H200
+far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs one graph
+replay, a sampling kernel and a few small ones. By default (`merge_lora`) a layer's seven projections run as four
 GEMMs by copies of their weights made once per generation: q/k/v stacked into one, gate/up into another, each with
 its active LoRA adapters folded in, W + s·B·A (the network's own weights are not touched), instead of seven base
 GEMMs plus peft's cast, two small GEMMs, scale and add per adapted projection at every token. Without it the layers
@@ -16,12 +16,13 @@ run through the network's own modules. On a GPU a decode step's cache write and 
 network sharded with FSDP2 is unsharded for the whole generation and resharded after (`readable`).
 
 Sampling follows transformers: logits / temperature, then top-k, then top-p, then a multinomial draw from the
-default generator (seed it as the rollout does). The logits come from the output head in float32, as training
-computes them (`qwen3.head_logprobs`; on a GPU one bf16 GEMM accumulating in float32, `qwen3.head_logits`), and the
-recorded log-prob of each sampled token is log softmax(logits / temperature), before top-k/top-p: so the rollout's
-log-probs are the training forward's up to the model dtype's rounding in the layers. A row that produced a stop
-token continues with padding, whose recorded log-probs are 0; generation ends when every row has stopped or at
-`max_new_tokens`.
+default generator (seed it as the rollout does); on a GPU without top-k or top-p one Triton kernel draws the token
+by the Gumbel-max trick and computes its log-prob in one pass over the logits (`fused_sample`). The logits come from
+the output head in float32, as training computes them (`qwen3.head_logprobs`; on a GPU one bf16 GEMM accumulating in
+float32, `qwen3.head_logits`), and the recorded log-prob of each sampled token is log softmax(logits / temperature),
+before top-k/top-p: so the rollout's log-probs are the training forward's up to the model dtype's rounding in the
+layers. A row that produced a stop token continues with padding, whose recorded log-probs are 0; generation ends
+when every row has stopped or at `max_new_tokens`.
 """
 
 from collections.abc import Iterator
@@ -179,7 +180,12 @@ def filtered(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, greedy: bool) -> tuple:
-    """(B,) next tokens and their log-probs log softmax(logits / temperature) from float32 logits (B, V)."""
+    """(B,) next tokens and their log-probs log softmax(logits / temperature) from float32 logits (B, V). On a GPU
+    without top-k or top-p both come from one Triton kernel (`fused_sample.draw`, the Gumbel-max trick)."""
+    if logits.is_cuda and not greedy and top_k == 0 and top_p == 1.0:
+        from omnialign.rollout import fused_sample  # Triton: CUDA builds of torch only
+
+        return fused_sample.draw(logits, temperature)
     scores = logits / temperature
     if greedy:
         token = logits.argmax(-1)
