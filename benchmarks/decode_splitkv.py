@@ -4,6 +4,7 @@ softmax, multinomial and log softmax.
 
     TRITON_INTERPRET=1 python benchmarks/decode_splitkv.py check      # equal to SDPA (a CPU, Triton's interpreter)
     python benchmarks/decode_splitkv.py micro OUT.json                # SDPA and every tile config, alone (a GPU)
+    python benchmarks/decode_splitkv.py draw OUT.json                 # the eager and the fused draw, alone (a GPU)
     python benchmarks/decode_splitkv.py decode OUT.jsonl BATCH [BLOCK WARPS STAGES]
         # `bench decode --model-size 8b --prompts BATCH --prompt-len 256 --max-new-tokens 128 --decoders compiled`,
         # through SDPA with the eager draw, through the kernels (with these tiles) with the eager draw, then as the
@@ -16,7 +17,7 @@ import sys
 
 import torch
 
-from omnialign.rollout import decode
+from omnialign.rollout import decode, fused_sample
 from omnialign.rollout.decode import decode_attention
 from omnialign.rollout.flash_decode import TILES, attention, split_length
 
@@ -113,6 +114,29 @@ def micro(out: str) -> None:
         json.dump(rows, f)
 
 
+def draws(out: str) -> None:
+    """ms per draw from float32 logits (B, 151,936), eager (`eager_sample`) and fused (`fused_sample.draw`), as the
+    decoder calls them between two graph replays: 50 calls between two CUDA events after 3 warm-up calls."""
+    rows = []
+    for batch in (8, 32, 128, 256):
+        logits = torch.randn(batch, 151_936, device="cuda") * 4
+        row = {"batch": batch}
+        for name, fn, args in (("eager", eager_sample, (1.0, 0, 1.0, False)), ("fused", fused_sample.draw, (1.0,))):
+            for _ in range(3):
+                fn(logits, *args)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(50):
+                fn(logits, *args)
+            end.record()
+            torch.cuda.synchronize()
+            row[f"{name}_ms"] = round(start.elapsed_time(end) / 50, 4)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(out, "w") as f:
+        json.dump(rows, f)
+
+
 def in_decoder(out: str, batch: int) -> None:
     """The compiled decoder at `batch` prompts through SDPA and the eager draw, through the kernels and the eager
     draw, then as the code has it (the kernels and the fused draw), one process; a row each to `out`."""
@@ -140,6 +164,8 @@ if __name__ == "__main__":
         check()
     elif command == "micro":
         micro(args[0])
+    elif command == "draw":
+        draws(args[0])
     else:
         TILES.update(zip(("block", "warps", "stages"), map(int, args[2:])))
         in_decoder(args[0], int(args[1]))

@@ -329,8 +329,8 @@ def test_flash_decode_attention_equals_sdpa(dtype):
 def test_fused_draw_samples_the_softmax_and_records_the_training_log_probs(policy):
     """`fused_sample.draw`, the decode step's draw on CUDA without top-k or top-p: the drawn tokens' log-probs are log
     softmax(logits / temperature)'s in float64 within float32 rounding over Qwen3's vocabulary, a -inf (banned)
-    token is never drawn, 200,000 draws from five tokens follow the softmax, and a seed repeats the draws; through
-    the static decoder the recorded log-probs are the training forward's."""
+    token is never drawn, 200,000 draws from five tokens follow the softmax, and a seed repeats the draws whatever
+    the parts a row is read in; through the static decoder the recorded log-probs are the training forward's."""
     from omnialign.rollout import fused_sample
 
     logits = (torch.randn(64, 151_936, generator=torch.Generator().manual_seed(0)) * 4).cuda()
@@ -349,6 +349,13 @@ def test_fused_draw_samples_the_softmax_and_records_the_training_log_probs(polic
     torch.manual_seed(0)
     assert torch.equal(fused_sample.draw(few, 1.0)[0], tokens)
     assert not torch.equal(fused_sample.draw(few, 1.0)[0], tokens)
+    draws = []
+    for splits in (1, 5, 75):  # a row in one part, in several, in one part per block
+        torch.manual_seed(1)
+        draws.append(fused_sample.draw(logits, 0.7, splits))
+    for tokens, logps in draws[1:]:  # the same tokens; the sums in another order
+        assert torch.equal(tokens, draws[0][0])
+        torch.testing.assert_close(logps, draws[0][1], atol=1e-5, rtol=0)
     policy.transformer.cuda()
     results = [check_against_training(policy, "static", seed, "cuda", sampling=(0.7, 0, 1.0)) for seed in (0, 1, 2)]
     gap = torch.cat([(r["recorded"] - r["training"]).abs() for r in results])
