@@ -30,8 +30,8 @@ def _partial(logits, seed, best, at, top, total, vocab, stride, temperature, chu
     lane_at = tl.zeros([BLOCK], tl.int32)
     lane_top = tl.full([BLOCK], -1e30, tl.float32)  # per lane: running max and sum of exp(s - max)
     lane_total = tl.zeros([BLOCK], tl.float32)
-    for start in tl.range(split * chunk, tl.minimum(split * chunk + chunk, vocab), BLOCK):
-        i = start + n
+    for start in tl.range(0, chunk, BLOCK):
+        i = split * chunk + start + n
         x = tl.load(logits + row * stride + i, mask=i < vocab, other=float("-inf"))
         s = tl.div_rn(x, temperature)
         noisy = s - tl.log(-tl.log(tl.rand(key, row * vocab + i)))  # each element's noise, whatever the splits
