@@ -350,9 +350,9 @@ def test_fused_draw_samples_the_softmax_and_records_the_training_log_probs(polic
     assert torch.equal(fused_sample.draw(few, 1.0)[0], tokens)
     assert not torch.equal(fused_sample.draw(few, 1.0)[0], tokens)
     draws = []
-    for splits in (1, 5, 75):  # a row in one part, in several, in one part per block
+    for chunk in (75 * fused_sample.BLOCK, 16 * fused_sample.BLOCK, fused_sample.BLOCK):  # a row in 1, 5, 75 parts
         torch.manual_seed(1)
-        draws.append(fused_sample.draw(logits, 0.7, splits))
+        draws.append(fused_sample.draw(logits, 0.7, chunk))
     for tokens, logps in draws[1:]:  # the same tokens; the sums in another order
         assert torch.equal(tokens, draws[0][0])
         torch.testing.assert_close(logps, draws[0][1], atol=1e-5, rtol=0)

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from omnialign.rollout.flash_decode import split_length
+
 BLOCK = 2048  # vocabulary entries a program reads at a time
 
 
@@ -66,15 +68,15 @@ def _combine(logits, best, at, top, total, tokens, logps, splits, stride, temper
     tl.store(logps + row, chosen - logsumexp)
 
 
-def draw(logits: torch.Tensor, temperature: float, splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(logits: torch.Tensor, temperature: float, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(B,) tokens drawn from softmax(logits / temperature) and their float32 log-probs, logits (B, V) float32 on
-    a GPU (the last dimension contiguous). Each row is read in `splits` parts by programs of their own (default: as
-    many as fill the card twice over, whole blocks each); the draw does not depend on them."""
+    a GPU (the last dimension contiguous). Each row is read in parts of `chunk` entries (a multiple of BLOCK) by
+    programs of their own (default: as many parts as fill the card twice over, `flash_decode.split_length`); the draw
+    does not depend on them."""
     batch, vocab = logits.shape
-    if splits is None:
+    if chunk is None:
         processors = torch.cuda.get_device_properties(logits.device).multi_processor_count
-        splits = min(triton.cdiv(2 * processors, batch), triton.cdiv(vocab, BLOCK))
-    chunk = triton.cdiv(triton.cdiv(vocab, splits), BLOCK) * BLOCK
+        chunk = split_length(batch, vocab, processors, BLOCK)
     splits = triton.cdiv(vocab, chunk)
     seed = torch.randint(2**31 - 1, (1,), device=logits.device)
     best, top, total = (torch.empty(batch, splits, dtype=torch.float32, device=logits.device) for _ in range(3))
