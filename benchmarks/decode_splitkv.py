@@ -7,8 +7,8 @@ softmax, multinomial and log softmax.
     python benchmarks/decode_splitkv.py draw OUT.json                 # the eager and the fused draw, alone (a GPU)
     python benchmarks/decode_splitkv.py decode OUT.jsonl BATCH [BLOCK WARPS STAGES]
         # `bench decode --model-size 8b --prompts BATCH --prompt-len 256 --max-new-tokens 128 --decoders compiled`,
-        # through SDPA with the eager draw, through the kernels (with these tiles) with the eager draw, then as the
-        # code has it (the kernels and the fused draw), in one process
+        # through SDPA with the eager draw, through the kernels (with these tiles) reading the whole reach with the
+        # fused draw, then as the code has it (the kernels reading through the step's slot), in one process
 """
 
 import itertools
@@ -29,6 +29,23 @@ def sdpa_write_attention(q, k, v, keys, values, slots, visible, scale):
     return decode_attention(q, keys, values, visible, scale)
 
 
+@torch.library.custom_op("bench::whole_write_attention", mutates_args=("keys", "values"))
+def whole_write_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          slots: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+    """`flash_decode.write_attention` as it was before it read only through the step's slot: every slot of the
+    step's reach."""
+    keys.index_copy_(2, slots, k)
+    values.index_copy_(2, slots, v)
+    processors = torch.cuda.get_device_properties(q.device).multi_processor_count
+    chunk = split_length(q.shape[0] * q.shape[1], keys.shape[2], processors, TILES["block"])
+    return attention(q, keys, values, visible, torch.full_like(slots, keys.shape[2] - 1), scale, chunk, **TILES)
+
+
+@whole_write_attention.register_fake
+def _(q, k, v, keys, values, slots, visible, scale):
+    return torch.empty_like(q)
+
+
 def eager_sample(logits, temperature, top_k, top_p, greedy):
     """`decode.sample` as it is on a CPU without top-k or top-p: softmax, a multinomial draw, log softmax."""
     scores = logits / temperature
@@ -37,8 +54,8 @@ def eager_sample(logits, temperature, top_k, top_p, greedy):
 
 
 def case(batch: int, heads: int, groups: int, dim: int, length: int, device: str, dtype: torch.dtype) -> tuple:
-    """q, k, v, visible as the decoder has them: k/v views of a cache one slot longer, rows left-padded by different
-    amounts, one with random holes, the last 16 slots not reached yet."""
+    """q, k, v, visible, through as the decoder has them: k/v views of a cache one slot longer, rows left-padded by
+    different amounts, one with random holes, the last 16 slots not reached yet (through: the step's own slot)."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(batch, heads, groups, dim, generator=g).to(device, dtype)
     k, v = (torch.randn(batch, heads, length + 1, dim, generator=g).to(device, dtype)[:, :, :length] for _ in "kv")
@@ -48,19 +65,22 @@ def case(batch: int, heads: int, groups: int, dim: int, length: int, device: str
     seen[1 % batch] = torch.rand(length + 1, generator=g) < 0.5
     seen[:, length - 16 : length] = False
     seen[:, length - 17] = True
-    return q, k, v, seen.to(device)[:, None, None, :length]
+    return q, k, v, seen.to(device)[:, None, None, :length], torch.tensor([length - 17], device=device)
 
 
 def check() -> None:
-    """`attention` against SDPA in float32 over splits of every kind (several, one ending past the cache, one)."""
+    """`attention` against SDPA in float32 over splits of every kind (several, one ending past the cache, one); the
+    mask counts, and the slots after `through` are not read."""
     for length, chunk, block in ((150, 64, 32), (150, 32, 32), (130, 256, 64), (64, 64, 64)):
-        q, k, v, visible = case(3, 2, 4, 128, length, "cpu", torch.float32)
+        q, k, v, visible, through = case(3, 2, 4, 128, length, "cpu", torch.float32)
         expected = decode_attention(q, k, v, visible, 128**-0.5)
-        err = (attention(q, k, v, visible, 128**-0.5, chunk, block, 4, 2) - expected).abs().max().item()
+        err = (attention(q, k, v, visible, through, 128**-0.5, chunk, block, 4, 2) - expected).abs().max().item()
         print(f"L={length} chunk={chunk} block={block}: largest difference {err:.2e}", flush=True)
         assert err < 1e-5, err
-        unmasked = attention(q, k, v, visible | True, 128**-0.5, chunk, block, 4, 2)
+        unmasked = attention(q, k, v, visible | True, through, 128**-0.5, chunk, block, 4, 2)
         assert not torch.allclose(unmasked, expected, atol=0.1)  # the mask counts
+        reached = (torch.arange(length) <= through)[None, None, None]  # and no slot after `through` does
+        assert torch.allclose(unmasked, decode_attention(q, k, v, reached, 128**-0.5), atol=1e-5)
 
 
 def timed(fn, *args, **kwargs) -> float:
@@ -92,12 +112,13 @@ def micro(out: str) -> None:
     rows = []
     processors = torch.cuda.get_device_properties(0).multi_processor_count
     for batch, length in ((128, 384), (128, 256), (32, 384), (256, 384), (8, 384), (32, 1024)):
-        inputs = (*case(batch, 8, 4, 128, length, "cuda", torch.bfloat16), 128**-0.5)
-        exact = decode_attention(*(t.float() for t in inputs[:3]), *inputs[3:])
-        mb = 2 * inputs[1].numel() * 2 / 1e6
-        ms = timed(decode_attention, *inputs)
+        q, k, v, visible, through = case(batch, 8, 4, 128, length, "cuda", torch.bfloat16)
+        sdpa, inputs = (q, k, v, visible, 128**-0.5), (q, k, v, visible, through, 128**-0.5)
+        exact = decode_attention(q.float(), k.float(), v.float(), visible, 128**-0.5)
+        mb = 2 * k.numel() * 2 / 1e6
+        ms = timed(decode_attention, *sdpa)
         row = {"batch": batch, "L": length, "kv_MB": round(mb, 1), "sdpa_ms": round(ms, 4), "sdpa_GBs": round(mb / ms),
-               "sdpa_err": float((decode_attention(*inputs).float() - exact).abs().max()), "all": []}  # fmt: skip
+               "sdpa_err": float((decode_attention(*sdpa).float() - exact).abs().max()), "all": []}  # fmt: skip
         for chunk, block, warps, stages in itertools.product((32, 64, 128, 512), (32, 64), (2, 4, 8), (1, 2, 3)):
             if block > chunk or (chunk == 512 and block == 32):
                 continue
@@ -138,12 +159,13 @@ def draws(out: str) -> None:
 
 
 def in_decoder(out: str, batch: int) -> None:
-    """The compiled decoder at `batch` prompts through SDPA and the eager draw, through the kernels and the eager
-    draw, then as the code has it (the kernels and the fused draw), one process; a row each to `out`."""
+    """The compiled decoder at `batch` prompts through SDPA and the eager draw, through the kernels reading the
+    step's whole reach and the fused draw (`whole_write_attention`), then as the code has it (the kernels reading
+    through the step's own slot and the fused draw), one process; a row each to `out`."""
     from omnialign.bench.decode import bench_decode
 
     code = decode.write_decode_attention, decode.sample
-    variants = {"sdpa": (sdpa_write_attention, eager_sample), "triton": (code[0], eager_sample), "triton_draw": code}
+    variants = {"sdpa": (sdpa_write_attention, eager_sample), "whole": (whole_write_attention, code[1]), "code": code}
     for name, (attend, draw) in variants.items():
         decode.write_decode_attention, decode.sample = attend, draw
         torch._dynamo.reset()

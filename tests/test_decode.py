@@ -293,7 +293,8 @@ def test_flash_decode_attention_equals_sdpa(dtype):
     """The decode step's Triton attention on CUDA (`flash_decode.attention`) against SDPA's (`decode_attention`, in
     float32) over the head widths of the tiny twins (8, 12) and of the real models (128), 1 to 8 query rows a
     key/value head, slots in several splits, in one, and in a split ending past the cache, with rows left-padded by
-    different amounts and one with holes; the mask counts. The cache write: `write_attention` writes the step's slot."""
+    different amounts and one with holes; the mask counts, and the slots after `through` are not read (splits wholly
+    after it too). The cache write: `write_attention` writes the step's slot and attends through it."""
     from omnialign.rollout import flash_decode
 
     g = torch.Generator().manual_seed(0)
@@ -309,16 +310,23 @@ def test_flash_decode_attention_equals_sdpa(dtype):
         visible = seen[:, None, None].cuda()
         inputs = [t.to("cuda", dtype) for t in (q, k, v)]
         expected = decode.decode_attention(*(t.float() for t in inputs), visible, dim**-0.5)
-        tiles = (chunk, block, 2, 2)
-        out = flash_decode.attention(*inputs, visible, dim**-0.5, *tiles).float()
+        tiles, last = (chunk, block, 2, 2), torch.tensor([length - 1], device="cuda")
+        out = flash_decode.attention(*inputs, visible, last, dim**-0.5, *tiles).float()
         # float32: within its rounding (Triton's exp is exp2's approximation; 2.9e-6 at most on an H100)
-        torch.testing.assert_close(out, expected, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=0)
-        unmasked = flash_decode.attention(*inputs, visible | True, dim**-0.5, *tiles).float()
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out, expected, atol=tolerance, rtol=0)
+        unmasked = flash_decode.attention(*inputs, visible | True, last, dim**-0.5, *tiles).float()
         assert (unmasked - expected).abs().max() > 0.1
+        through = length // 3  # the splits wholly after it have nothing to read
+        reached = (torch.arange(length, device="cuda") <= through).expand(batch, 1, 1, -1)
+        cut = flash_decode.attention(*inputs, visible | True, torch.tensor([through], device="cuda"), dim**-0.5, *tiles)
+        expected = decode.decode_attention(*(t.float() for t in inputs), reached, dim**-0.5)
+        torch.testing.assert_close(cut.float(), expected, atol=tolerance, rtol=0)
     keys, values = torch.zeros(2, 2, 9, 8, device="cuda"), torch.zeros(2, 2, 9, 8, device="cuda")
     k, v = torch.randn(2, 2, 1, 8, device="cuda"), torch.randn(2, 2, 1, 8, device="cuda")
     visible = torch.zeros(2, 1, 1, 9, dtype=torch.bool, device="cuda")
-    visible[..., 5] = True
+    visible[..., [5, 7]] = True  # slot 7, after the step's own, is not read
+    values[:, :, 7] = 100.0
     out = flash_decode.write_attention(torch.randn(2, 2, 4, 8, device="cuda"), k, v, keys, values,
                                        torch.tensor([5], device="cuda"), visible, 1.0)  # fmt: skip
     assert torch.equal(keys[:, :, 5:6], k) and torch.equal(values[:, :, 5:6], v) and keys[:, :, :5].eq(0).all()

@@ -6,6 +6,9 @@ padded work rather than by the 200 MB of keys and values they read. `attention` 
 program (pair, split) takes `chunk` slots (`split_length`) of one (row, key/value head) pair in blocks of BLOCK and
 writes its rows' unnormalised float32 output and running max and sum; `_combine` weighs the splits together. A
 masked slot scores -inf; the running max starts finite, so that a block of masked slots leaves the state as it was.
+A program reads no slot after the step's own (`through`, read from the device, so that one CUDA graph serves every
+step of a reach): the decoder's reach grows by 128 slots at a time, and the slots past the step are not filled yet
+(at batch 128, prompts of 256 and 128 new tokens, a sixth of the keys and values a step would read otherwise).
 
 `write_attention` is one operator that writes the step's key and value into the cache and attends: an opaque operator
 that read the cache after a write outside it would be handed, inside a compiled step, a fresh copy of the written
@@ -21,7 +24,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _partial(q, k, v, visible, part, stats, scale, length, sqb, sqh, sqg, skb, skh, skl, svb, svh, svl, smb, sml,
+def _partial(q, k, v, visible, through, part, stats, scale, sqb, sqh, sqg, skb, skh, skl, svb, svh, svl, smb, sml,
              chunk, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, DIM: tl.constexpr,
              BLOCK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     pair, split = tl.program_id(0), tl.program_id(1)
@@ -32,9 +35,10 @@ def _partial(q, k, v, visible, part, stats, scale, length, sqb, sqh, sqg, skb, s
     top = tl.full([ROWS], -1e30, tl.float32)
     total = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DIM], tl.float32)
-    for start in tl.range(0, chunk, BLOCK):
+    last = tl.load(through)
+    for start in tl.range(0, tl.minimum(chunk, last + 1 - split * chunk), BLOCK):
         n = split * chunk + start + tl.arange(0, BLOCK)
-        inside = n < length
+        inside = n <= last
         seen = tl.load(visible + row * smb + n * sml, mask=inside, other=0) != 0
         where = inside[:, None] & (d[None, :] < D)
         keys = tl.load(k + row * skb + head * skh + n[:, None] * skl + d[None, :], mask=where, other=0.0)
@@ -82,11 +86,12 @@ def split_length(pairs: int, length: int, processors: int, block: int) -> int:
     return triton.cdiv(triton.cdiv(length, splits), block) * block
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float, chunk: int,
-              block: int, warps: int, stages: int) -> torch.Tensor:  # fmt: skip
-    """`decode.decode_attention`: q (B, KV, G, D), k/v (B, KV, L, D) (the last dimension contiguous), visible
-    (B, 1, 1, L) bool -> (B, KV, G, D) in q's dtype, the slots in splits of `chunk` read in blocks of `block` (chunk a
-    multiple of block)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, through: torch.Tensor,
+              scale: float, chunk: int, block: int, warps: int, stages: int) -> torch.Tensor:  # fmt: skip
+    """`decode.decode_attention` over the slots up to `through` (a one-element int tensor on the device: a decode
+    step's own slot, the last any row sees; the slots after it are not read): q (B, KV, G, D), k/v (B, KV, L, D) (the
+    last dimension contiguous), visible (B, 1, 1, L) bool -> (B, KV, G, D) in q's dtype, the slots in splits of
+    `chunk` read in blocks of `block` (chunk a multiple of block)."""
     batch, heads, groups, dim = q.shape
     length = k.shape[2]
     splits = triton.cdiv(length, chunk)
@@ -95,7 +100,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
     stats = torch.empty(batch * heads * splits * groups, 2, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
     _partial[(batch * heads, splits)](
-        q, k, v, visible, part, stats, scale, length, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        q, k, v, visible, through, part, stats, scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         visible.stride(0), visible.stride(3), chunk, KV=heads, G=groups, D=dim,
         ROWS=max(16, triton.next_power_of_2(groups)), DIM=padded, BLOCK=block,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)  # fmt: skip
@@ -107,13 +112,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
 @torch.library.custom_op("omnialign::write_attention", mutates_args=("keys", "values"))
 def write_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     slots: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
-    """A decode step's cache write (k/v (B, KV, 1, D) into slot `slots` of keys/values (B, KV, L, D)) and its
-    `attention` of q (B, KV, G, D) -> (B, KV, G, D)."""
+    """A decode step's cache write (k/v (B, KV, 1, D) into slot `slots` (1,) of keys/values (B, KV, L, D)) and its
+    `attention` of q (B, KV, G, D) through that slot -> (B, KV, G, D)."""
     keys.index_copy_(2, slots, k)
     values.index_copy_(2, slots, v)
     processors = torch.cuda.get_device_properties(q.device).multi_processor_count
     chunk = split_length(q.shape[0] * q.shape[1], keys.shape[2], processors, TILES["block"])
-    return attention(q, keys, values, visible, scale, chunk, **TILES)
+    return attention(q, keys, values, visible, slots, scale, chunk, **TILES)
 
 
 @write_attention.register_fake
