@@ -17,9 +17,9 @@
 #                                            # batches TRITON_BATCHES names (about 3.5 minutes for batch 128; a GPU)
 #   benchmarks/decode_gpu.sh OUT draw        # the eager and the fused draw alone (decode_splitkv.py draw), then the
 #                                            # compiled decoder at batch 128 and at the batches TRITON_BATCHES names,
-#                                            # three ways in one process each: SDPA and the eager draw, the Triton
-#                                            # attention and the eager draw, the code (the attention and the fused
-#                                            # draw); about a minute each on an H100
+#                                            # in one process each: SDPA and the eager draw, the kernels of BASELINE
+#                                            # (a flash_decode.py of another commit, if set) and the fused draw, the
+#                                            # code; about a minute each on an H100
 # TINY=1 checks the script on a CPU with the tiny twin.
 set -uo pipefail
 out=$1
@@ -80,7 +80,7 @@ print(*(r[0]['best'][k] for k in ('block', 'warps', 'stages')))" "$out/triton_mi
         python3 benchmarks/decode_splitkv.py draw "$out/draw_micro.json" >"$out/draw_micro.log" 2>&1
         echo "draw micro rc=$?"; cut -c1-300 "$out/draw_micro.log"
         for b in 128 ${TRITON_BATCHES:-}; do
-            python3 benchmarks/decode_splitkv.py decode "$out/draw_decode.jsonl" $b >"$out/draw_decode_b$b.log" 2>&1
+            python3 benchmarks/decode_splitkv.py decode "$out/draw_decode.jsonl" $b ${BASELINE:-} >"$out/draw_decode_b$b.log" 2>&1
             echo "draw decode batch $b rc=$?"; grep "^==" "$out/draw_decode_b$b.log"
         done
         ;;

@@ -5,15 +5,17 @@ softmax, multinomial and log softmax.
     TRITON_INTERPRET=1 python benchmarks/decode_splitkv.py check      # equal to SDPA (a CPU, Triton's interpreter)
     python benchmarks/decode_splitkv.py micro OUT.json                # SDPA and every tile config, alone (a GPU)
     python benchmarks/decode_splitkv.py draw OUT.json                 # the eager and the fused draw, alone (a GPU)
-    python benchmarks/decode_splitkv.py decode OUT.jsonl BATCH [BLOCK WARPS STAGES]
+    python benchmarks/decode_splitkv.py decode OUT.jsonl BATCH [BASELINE.py] [BLOCK WARPS STAGES]
         # `bench decode --model-size 8b --prompts BATCH --prompt-len 256 --max-new-tokens 128 --decoders compiled`,
-        # through SDPA with the eager draw, through the kernels (with these tiles) reading the whole reach with the
-        # fused draw, then as the code has it (the kernels reading through the step's slot), in one process
+        # through SDPA with the eager draw, through BASELINE.py's kernels (another commit's flash_decode.py: `git show
+        # COMMIT:omnialign/rollout/flash_decode.py > BASELINE.py`) with the fused draw, then as the code has it (the
+        # kernels, with these tiles, and the fused draw), in one process
 """
 
 import itertools
 import json
 import sys
+import types
 
 import torch
 
@@ -29,23 +31,6 @@ def sdpa_write_attention(q, k, v, keys, values, slots, visible, scale):
     return decode_attention(q, keys, values, visible, scale)
 
 
-@torch.library.custom_op("bench::whole_write_attention", mutates_args=("keys", "values"))
-def whole_write_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                          slots: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
-    """`flash_decode.write_attention` as it was before it read only through the step's slot: every slot of the
-    step's reach."""
-    keys.index_copy_(2, slots, k)
-    values.index_copy_(2, slots, v)
-    processors = torch.cuda.get_device_properties(q.device).multi_processor_count
-    chunk = split_length(q.shape[0] * q.shape[1], keys.shape[2], processors, TILES["block"])
-    return attention(q, keys, values, visible, torch.full_like(slots, keys.shape[2] - 1), scale, chunk, **TILES)
-
-
-@whole_write_attention.register_fake
-def _(q, k, v, keys, values, slots, visible, scale):
-    return torch.empty_like(q)
-
-
 def eager_sample(logits, temperature, top_k, top_p, greedy):
     """`decode.sample` as it is on a CPU without top-k or top-p: softmax, a multinomial draw, log softmax."""
     scores = logits / temperature
@@ -54,33 +39,38 @@ def eager_sample(logits, temperature, top_k, top_p, greedy):
 
 
 def case(batch: int, heads: int, groups: int, dim: int, length: int, device: str, dtype: torch.dtype) -> tuple:
-    """q, k, v, visible, through as the decoder has them: k/v views of a cache one slot longer, rows left-padded by
-    different amounts, one with random holes, the last 16 slots not reached yet (through: the step's own slot)."""
+    """q, k, v, keys, values, slots, visible as a decode step has them: the step's query, key and value, keys/values
+    views of a cache one slot longer, rows left-padded by different amounts, one with random holes, the step's slot
+    the 17th from the end (the last 16 not reached yet)."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(batch, heads, groups, dim, generator=g).to(device, dtype)
-    k, v = (torch.randn(batch, heads, length + 1, dim, generator=g).to(device, dtype)[:, :, :length] for _ in "kv")
+    q, k, v = (torch.randn(batch, heads, n, dim, generator=g).to(device, dtype) for n in (groups, 1, 1))
+    keys, values = (torch.randn(batch, heads, length + 1, dim, generator=g).to(device, dtype)[:, :, :length]
+                    for _ in "kv")  # fmt: skip
     seen = torch.ones(batch, length + 1, dtype=torch.bool)
     for b in range(batch):
         seen[b, : (b * 37) % (length // 2)] = False
     seen[1 % batch] = torch.rand(length + 1, generator=g) < 0.5
     seen[:, length - 16 : length] = False
     seen[:, length - 17] = True
-    return q, k, v, seen.to(device)[:, None, None, :length], torch.tensor([length - 17], device=device)
+    slots = torch.tensor([length - 17], device=device)
+    return q, k, v, keys, values, slots, seen.to(device)[:, None, None, :length]
 
 
 def check() -> None:
-    """`attention` against SDPA in float32 over splits of every kind (several, one ending past the cache, one); the
-    mask counts, and the slots after `through` are not read."""
+    """`attention` against the cache write by indexing and SDPA in float32 over splits of every kind (several, one
+    ending past the cache, one); the mask counts, and the slots after the step's own are not read."""
     for length, chunk, block in ((150, 64, 32), (150, 32, 32), (130, 256, 64), (64, 64, 64)):
-        q, k, v, visible, through = case(3, 2, 4, 128, length, "cpu", torch.float32)
-        expected = decode_attention(q, k, v, visible, 128**-0.5)
-        err = (attention(q, k, v, visible, through, 128**-0.5, chunk, block, 4, 2) - expected).abs().max().item()
+        q, k, v, keys, values, slots, visible = case(3, 2, 4, 128, length, "cpu", torch.float32)
+        written = keys.clone(), values.clone()
+        expected = sdpa_write_attention(q, k, v, *written, slots, visible, 128**-0.5)
+        out = attention(q, k, v, keys, values, slots, visible, 128**-0.5, chunk, block, 4, 2)
+        err = (out - expected).abs().max().item()
         print(f"L={length} chunk={chunk} block={block}: largest difference {err:.2e}", flush=True)
-        assert err < 1e-5, err
-        unmasked = attention(q, k, v, visible | True, through, 128**-0.5, chunk, block, 4, 2)
+        assert err < 1e-5 and torch.equal(keys, written[0]) and torch.equal(values, written[1]), err
+        unmasked = attention(q, k, v, keys, values, slots, visible | True, 128**-0.5, chunk, block, 4, 2)
         assert not torch.allclose(unmasked, expected, atol=0.1)  # the mask counts
-        reached = (torch.arange(length) <= through)[None, None, None]  # and no slot after `through` does
-        assert torch.allclose(unmasked, decode_attention(q, k, v, reached, 128**-0.5), atol=1e-5)
+        reached = (torch.arange(length) <= slots)[None, None, None]  # and no slot after the step's own does
+        assert torch.allclose(unmasked, decode_attention(q, keys, values, reached, 128**-0.5), atol=1e-5)
 
 
 def timed(fn, *args, **kwargs) -> float:
@@ -107,18 +97,19 @@ def timed(fn, *args, **kwargs) -> float:
 
 
 def micro(out: str) -> None:
-    """ms per layer call of SDPA (the decoder's) and of `attention` at every tile config, and their largest
-    difference from float32 SDPA, at Qwen3-8B's shape (8 key/value heads x 4 query rows of 128)."""
+    """ms per layer call of the cache write and SDPA (`sdpa_write_attention`) and of `attention` (both in one
+    kernel) at every tile config, and their largest difference from float32 SDPA, at Qwen3-8B's shape (8 key/value
+    heads x 4 query rows of 128). kv_MB counts the whole cache; the kernel reads it through the step's slot."""
     rows = []
     processors = torch.cuda.get_device_properties(0).multi_processor_count
     for batch, length in ((128, 384), (128, 256), (32, 384), (256, 384), (8, 384), (32, 1024)):
-        q, k, v, visible, through = case(batch, 8, 4, 128, length, "cuda", torch.bfloat16)
-        sdpa, inputs = (q, k, v, visible, 128**-0.5), (q, k, v, visible, through, 128**-0.5)
-        exact = decode_attention(q.float(), k.float(), v.float(), visible, 128**-0.5)
-        mb = 2 * k.numel() * 2 / 1e6
-        ms = timed(decode_attention, *sdpa)
+        q, k, v, keys, values, slots, visible = case(batch, 8, 4, 128, length, "cuda", torch.bfloat16)
+        inputs = (q, k, v, keys, values, slots, visible, 128**-0.5)
+        exact = sdpa_write_attention(q.float(), k.float(), v.float(), keys.float(), values.float(), *inputs[5:])
+        mb = 2 * keys.numel() * 2 / 1e6
+        ms = timed(sdpa_write_attention, *inputs)
         row = {"batch": batch, "L": length, "kv_MB": round(mb, 1), "sdpa_ms": round(ms, 4), "sdpa_GBs": round(mb / ms),
-               "sdpa_err": float((decode_attention(*sdpa).float() - exact).abs().max()), "all": []}  # fmt: skip
+               "sdpa_err": float((sdpa_write_attention(*inputs).float() - exact).abs().max()), "all": []}  # fmt: skip
         for chunk, block, warps, stages in itertools.product((32, 64, 128, 512), (32, 64), (2, 4, 8), (1, 2, 3)):
             if block > chunk or (chunk == 512 and block == 32):
                 continue
@@ -158,14 +149,25 @@ def draws(out: str) -> None:
         json.dump(rows, f)
 
 
-def in_decoder(out: str, batch: int) -> None:
-    """The compiled decoder at `batch` prompts through SDPA and the eager draw, through the kernels reading the
-    step's whole reach and the fused draw (`whole_write_attention`), then as the code has it (the kernels reading
-    through the step's own slot and the fused draw), one process; a row each to `out`."""
+def baseline_attention(path: str):
+    """`write_attention` of another commit's flash_decode.py (`git show COMMIT:omnialign/rollout/flash_decode.py >
+    FILE`), its operator renamed so that both are registered in one process."""
+    text = open(path).read().replace('"omnialign::write_attention"', '"baseline::write_attention"')
+    module = types.ModuleType("baseline_flash_decode")
+    exec(compile(text, path, "exec"), module.__dict__)
+    return module.write_attention
+
+
+def in_decoder(out: str, batch: int, baseline: str | None) -> None:
+    """The compiled decoder at `batch` prompts through SDPA and the eager draw, through `baseline`'s kernels (a
+    flash_decode.py of another commit; `baseline_attention`) and the fused draw, then as the code has it (the kernels
+    and the fused draw), one process; a row each to `out`."""
     from omnialign.bench.decode import bench_decode
 
     code = decode.write_decode_attention, decode.sample
-    variants = {"sdpa": (sdpa_write_attention, eager_sample), "whole": (whole_write_attention, code[1]), "code": code}
+    variants = {"sdpa": (sdpa_write_attention, eager_sample), "code": code}
+    if baseline:
+        variants = {"sdpa": variants["sdpa"], "baseline": (baseline_attention(baseline), code[1]), "code": code}
     for name, (attend, draw) in variants.items():
         decode.write_decode_attention, decode.sample = attend, draw
         torch._dynamo.reset()
@@ -174,7 +176,7 @@ def in_decoder(out: str, batch: int) -> None:
         decode.write_decode_attention, decode.sample = code
         with open(out, "a") as f:
             for row in rows:
-                f.write(json.dumps({"attention": name, "tiles": TILES, **row}) + "\n")
+                f.write(json.dumps({"attention": name, "baseline": baseline, "tiles": TILES, **row}) + "\n")
         r = rows[0]
         print(f"== batch {batch} {name}: {r['decode_tokens_per_s']} decode tokens/s, share {r['share_of_bound']}, "
               f"log-prob gap {r['logprob_gap_mean']} / {r['logprob_gap_max']}", flush=True)  # fmt: skip
@@ -189,5 +191,6 @@ if __name__ == "__main__":
     elif command == "draw":
         draws(args[0])
     else:
+        baseline = args.pop(2) if len(args) > 2 and args[2].endswith(".py") else None
         TILES.update(zip(("block", "warps", "stages"), map(int, args[2:])))
-        in_decoder(args[0], int(args[1]))
+        in_decoder(args[0], int(args[1]), baseline)

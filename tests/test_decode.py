@@ -287,41 +287,50 @@ def test_on_cuda(path, dtype, decoder, graph, adapter):
             assert gap.max() < 1e-4, (name, float(gap.mean()), float(gap.max()))
 
 
+def flash_step(q, k, v, caches: list[torch.Tensor], visible: torch.Tensor, slot: int,
+               tiles: tuple) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`flash_decode.attention`'s output in float32 for new keys/values k/v at `slot` of views (one slot shorter) of
+    fresh copies of `caches`, and SDPA's over the slots through `slot` of the caches written by indexing; the
+    kernel's own writes are checked equal to indexing's."""
+    from omnialign.rollout import flash_decode
+
+    length, slots = caches[0].shape[2] - 1, torch.tensor([slot], device="cuda")
+    keys, values = (c.clone()[:, :, :length] for c in caches)
+    out = flash_decode.attention(q, k, v, keys, values, slots, visible, q.shape[-1] ** -0.5, *tiles)
+    written = [c[:, :, :length].index_copy(2, slots, new) for c, new in zip(caches, (k, v))]
+    assert torch.equal(keys, written[0]) and torch.equal(values, written[1]), "the cache write"
+    reached = visible & (torch.arange(length, device="cuda") <= slot)
+    return out.float(), decode.decode_attention(q.float(), *(w.float() for w in written), reached, q.shape[-1] ** -0.5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_flash_decode_attention_equals_sdpa(dtype):
-    """The decode step's Triton attention on CUDA (`flash_decode.attention`) against SDPA's (`decode_attention`, in
-    float32) over the head widths of the tiny twins (8, 12) and of the real models (128), 1 to 8 query rows a
-    key/value head, slots in several splits, in one, and in a split ending past the cache, with rows left-padded by
-    different amounts and one with holes; the mask counts, and the slots after `through` are not read (splits wholly
-    after it too). The cache write: `write_attention` writes the step's slot and attends through it."""
+    """The decode step's Triton cache write and attention on CUDA (`flash_decode.attention`) against the cache written
+    by indexing and SDPA's attention (`decode_attention`, in float32) over the head widths of the tiny twins (8, 12)
+    and of the real models (128), 1 to 8 query rows a key/value head, slots in several splits, in one, and in a split
+    ending past the cache, with rows left-padded by different amounts and one with holes, the caches views of longer
+    ones as in the decoder; the mask counts, and no slot after the step's own is read (splits wholly after it too).
+    `write_attention`: the same, its splits chosen for the card."""
     from omnialign.rollout import flash_decode
 
     g = torch.Generator().manual_seed(0)
     cases = ((3, 2, 4, 128, 150, 64, 32), (3, 1, 2, 8, 150, 32, 32), (2, 2, 8, 12, 130, 256, 64),
              (4, 2, 1, 128, 384, 512, 64))  # fmt: skip
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # float32: within its rounding (2.9e-6 at most on an H100)
     for batch, heads, groups, dim, length, chunk, block in cases:
-        q = torch.randn(batch, heads, groups, dim, generator=g)
-        k, v = (torch.randn(batch, heads, length + 1, dim, generator=g)[:, :, :length] for _ in "kv")
+        q, k, v = (torch.randn(batch, heads, n, dim, generator=g).to("cuda", dtype) for n in (groups, 1, 1))
+        caches = [torch.randn(batch, heads, length + 1, dim, generator=g).to("cuda", dtype) for _ in "kv"]
         seen = torch.ones(batch, length, dtype=torch.bool)
         for b in range(batch):
             seen[b, : (b * 37) % (length // 2)] = False
         seen[1] = torch.rand(length, generator=g) < 0.5
         visible = seen[:, None, None].cuda()
-        inputs = [t.to("cuda", dtype) for t in (q, k, v)]
-        expected = decode.decode_attention(*(t.float() for t in inputs), visible, dim**-0.5)
-        tiles, last = (chunk, block, 2, 2), torch.tensor([length - 1], device="cuda")
-        out = flash_decode.attention(*inputs, visible, last, dim**-0.5, *tiles).float()
-        # float32: within its rounding (Triton's exp is exp2's approximation; 2.9e-6 at most on an H100)
-        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        new, tiles = (q, k, v, caches), (chunk, block, 2, 2)
+        out, expected = flash_step(*new, visible, length - 1, tiles)
         torch.testing.assert_close(out, expected, atol=tolerance, rtol=0)
-        unmasked = flash_decode.attention(*inputs, visible | True, last, dim**-0.5, *tiles).float()
-        assert (unmasked - expected).abs().max() > 0.1
-        through = length // 3  # the splits wholly after it have nothing to read
-        reached = (torch.arange(length, device="cuda") <= through).expand(batch, 1, 1, -1)
-        cut = flash_decode.attention(*inputs, visible | True, torch.tensor([through], device="cuda"), dim**-0.5, *tiles)
-        expected = decode.decode_attention(*(t.float() for t in inputs), reached, dim**-0.5)
-        torch.testing.assert_close(cut.float(), expected, atol=tolerance, rtol=0)
+        assert (flash_step(*new, visible | True, length - 1, tiles)[0] - expected).abs().max() > 0.1  # the mask counts
+        torch.testing.assert_close(*flash_step(*new, visible | True, length // 3, tiles), atol=tolerance, rtol=0)
     keys, values = torch.zeros(2, 2, 9, 8, device="cuda"), torch.zeros(2, 2, 9, 8, device="cuda")
     k, v = torch.randn(2, 2, 1, 8, device="cuda"), torch.randn(2, 2, 1, 8, device="cuda")
     visible = torch.zeros(2, 1, 1, 9, dtype=torch.bool, device="cuda")
