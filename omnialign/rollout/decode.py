@@ -293,7 +293,7 @@ def generate(net: nn.Module, ids: torch.Tensor, mask: torch.Tensor, stop_ids: li
         tokens, logps = [], []
         for t in range(max_new_tokens):
             if banned:
-                logits = logits.index_fill(1, ban, float("-inf"))
+                logits.index_fill_(1, ban, float("-inf"))  # the step's own output, rewritten by the next
             token, logp = sample(logits, temperature, top_k, top_p, greedy)
             tokens.append(token.masked_fill(done, pad_id))
             logps.append(logp.masked_fill(done, 0.0))
