@@ -3,6 +3,7 @@ decoding) beside SDPA, alone and inside the compiled decoder, and its draw throu
 softmax, multinomial and log softmax.
 
     TRITON_INTERPRET=1 python benchmarks/decode_splitkv.py check      # equal to SDPA (a CPU, Triton's interpreter)
+    python benchmarks/decode_splitkv.py compile                       # the kernels compile for an H100/H200 (a CPU)
     python benchmarks/decode_splitkv.py micro OUT.json                # SDPA and every tile config, alone (a GPU)
     python benchmarks/decode_splitkv.py draw OUT.json                 # the eager and the fused draw, alone (a GPU)
     python benchmarks/decode_splitkv.py decode OUT.jsonl BATCH [BASELINE.py] [BLOCK WARPS STAGES]
@@ -18,6 +19,7 @@ import sys
 import types
 
 import torch
+import triton
 
 from omnialign.rollout import decode, fused_sample
 from omnialign.rollout.decode import decode_attention
@@ -71,6 +73,32 @@ def check() -> None:
         assert not torch.allclose(unmasked, expected, atol=0.1)  # the mask counts
         reached = (torch.arange(length) <= slots)[None, None, None]  # and no slot after the step's own does
         assert torch.allclose(unmasked, decode_attention(q, keys, values, reached, 128**-0.5), atol=1e-5)
+
+
+def compile_kernels(capability: int = 90) -> None:
+    """Compile the kernels of `flash_decode` and `fused_sample` at Qwen3-8B's shapes for a GPU of this compute
+    capability through the Triton wheel's own ptxas: no GPU needed, so a kernel that does not compile is found before
+    a device run."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from omnialign.rollout import flash_decode
+
+    kinds = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "keys": "*bf16", "values": "*bf16", "through": "*i64",
+             "visible": "*i1", "part": "*fp32", "stats": "*fp32", "out": "*bf16", "scale": "fp32",
+             "logits": "*fp32", "seed": "*i64", "best": "*fp32", "at": "*i32", "top": "*fp32", "total": "*fp32",
+             "tokens": "*i64", "logps": "*fp32", "temperature": "fp32"}  # fmt: skip
+    attention = {"KV": 8, "G": 4, "D": 128, "DIM": 128}
+    kernels = [(flash_decode._partial, attention | {"ROWS": 16, "BLOCK": 64, "PRECISION": "tf32", "ONE": one})
+               for one in (True, False)]  # fmt: skip
+    kernels += [(flash_decode._combine, attention | {"SPLITS": 4}), (fused_sample._partial, {"BLOCK": 2048}),
+                (fused_sample._combine, {"SPLITS": 128})]  # fmt: skip
+    for kernel, constants in kernels:
+        names = kernel.arg_names
+        signature = {n: "constexpr" if n in constants else kinds.get(n, "i32") for n in names}
+        source = ASTSource(kernel, signature, {(names.index(n),): c for n, c in constants.items()})
+        compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+        print(f"{kernel.__name__} {constants}: {len(compiled.asm['cubin'])} bytes of sm_{capability} code", flush=True)
 
 
 def timed(fn, *args, **kwargs) -> float:
@@ -186,6 +214,8 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "check":
         check()
+    elif command == "compile":
+        compile_kernels()
     elif command == "micro":
         micro(args[0])
     elif command == "draw":

@@ -37,7 +37,7 @@ def _partial(q, k, v, keys, values, through, visible, part, stats, out, scale, s
     g, d = tl.arange(0, ROWS), tl.arange(0, DIM)
     rows = (g[:, None] < G) & (d[None, :] < D)
     query = tl.load(q + row * sqb + head * sqh + g[:, None] * sqg + d[None, :], mask=rows, other=0.0)
-    last = tl.load(through)
+    last = tl.load(through).to(tl.int32)
     # the step's key and value: written to the cache by the program whose split holds the slot, and taken from
     # registers where the loop reaches it (its own store need not be visible to its loads)
     new_key = tl.load(k + row * skb + head * skh + d, mask=d < D, other=0.0)
