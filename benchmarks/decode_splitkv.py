@@ -21,7 +21,7 @@ import types
 import torch
 import triton
 
-from omnialign.rollout import decode, fused_sample
+from omnialign.rollout import decode, flash_decode, fused_sample
 from omnialign.rollout.decode import decode_attention
 from omnialign.rollout.flash_decode import TILES, attention, split_length
 
@@ -82,16 +82,14 @@ def compile_kernels(capability: int = 90) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from omnialign.rollout import flash_decode
-
     kinds = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "keys": "*bf16", "values": "*bf16", "through": "*i64",
              "visible": "*i1", "part": "*fp32", "stats": "*fp32", "out": "*bf16", "scale": "fp32",
              "logits": "*fp32", "seed": "*i64", "best": "*fp32", "at": "*i32", "top": "*fp32", "total": "*fp32",
              "tokens": "*i64", "logps": "*fp32", "temperature": "fp32"}  # fmt: skip
-    attention = {"KV": 8, "G": 4, "D": 128, "DIM": 128}
-    kernels = [(flash_decode._partial, attention | {"ROWS": 16, "BLOCK": 64, "PRECISION": "tf32", "ONE": one})
+    heads = {"KV": 8, "G": 4, "D": 128, "DIM": 128}
+    kernels = [(flash_decode._partial, heads | {"ROWS": 16, "BLOCK": 64, "PRECISION": "tf32", "ONE": one})
                for one in (True, False)]  # fmt: skip
-    kernels += [(flash_decode._combine, attention | {"SPLITS": 4}), (fused_sample._partial, {"BLOCK": 2048}),
+    kernels += [(flash_decode._combine, heads | {"SPLITS": 4}), (fused_sample._partial, {"BLOCK": 2048}),
                 (fused_sample._combine, {"SPLITS": 128})]  # fmt: skip
     for kernel, constants in kernels:
         names = kernel.arg_names
@@ -193,9 +191,10 @@ def in_decoder(out: str, batch: int, baseline: str | None) -> None:
     from omnialign.bench.decode import bench_decode
 
     code = decode.write_decode_attention, decode.sample
-    variants = {"sdpa": (sdpa_write_attention, eager_sample), "code": code}
+    variants = {"sdpa": (sdpa_write_attention, eager_sample)}
     if baseline:
-        variants = {"sdpa": variants["sdpa"], "baseline": (baseline_attention(baseline), code[1]), "code": code}
+        variants["baseline"] = baseline_attention(baseline), code[1]
+    variants["code"] = code
     for name, (attend, draw) in variants.items():
         decode.write_decode_attention, decode.sample = attend, draw
         torch._dynamo.reset()

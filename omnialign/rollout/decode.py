@@ -1,9 +1,10 @@
 """Fast sampling from a Qwen3-family causal LM: a static KV cache, one batched prefill, and a decode step captured
 as a CUDA graph and replayed for every token (on a GPU; eager elsewhere). A step attends to the cache's first
-multiple of BUCKET slots that holds its own, so early tokens of a long generation do not read the empty tail; one
-graph is captured per such reach. The Qwen3-Omni thinker's layers are the same but for their routed experts, which a
-step runs as their own module; its prompts (media, 3-D rotary positions) come prefilled by its own forward
-(`Prefill`), and its decode steps rotate at the positions past them.
+multiple of BUCKET slots that holds its own, so early tokens of a long generation do not read the empty tail (on a
+GPU the attention kernel reads no slot after the step's own in any case); one graph is captured per such reach.
+The Qwen3-Omni thinker's layers are the same but for their routed experts, which a step runs as their own module;
+its prompts (media, 3-D rotary positions) come prefilled by its own forward (`Prefill`), and its decode steps rotate
+at the positions past them.
 
 transformers' `generate` re-enters Python for every layer of every token and grows its cache, which leaves an H200
 far below its memory bandwidth at batch 128 (BENCHMARKS.md, "Language decoding"). Here a token costs one graph
