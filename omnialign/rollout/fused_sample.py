@@ -10,8 +10,8 @@ s[token] - logsumexp(s) from a running max and sum per lane. A row is read in pa
 is Philox's, keyed by one seed a call drawn from the default CUDA generator (seed it as the rollout does) and each
 element's place, so a seeded generation repeats, whatever the card's size.
 
-On an H100 at batch 128 x 151,936 (Qwen3's vocabulary) the eager draw took 0.574 ms and this kernel, when a row was
-one program's, 0.143 ms (0.220 and 0.143 at batch 32, 1.034 and 0.242 at 256).
+On an H100 at batch 128 x 151,936 (Qwen3's vocabulary) the eager draw took 0.579 ms and this kernel 0.128 ms (0.222
+and 0.119 at batch 32, 1.039 and 0.242 at 256; BENCHMARKS.md, "the draw read in parts").
 """
 
 import torch
