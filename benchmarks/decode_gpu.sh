@@ -20,6 +20,9 @@
 #                                            # in one process each: SDPA and the eager draw, the kernels of BASELINE
 #                                            # (a flash_decode.py of another commit, if set) and the fused draw, the
 #                                            # code; about a minute each on an H100
+#   benchmarks/decode_gpu.sh OUT products    # benchmarks/decode_products.py: the step's five products alone at batch 128
+#                                            # (cuBLAS as the decoder calls it, preferring cuBLASLt, the width split in
+#                                            # two), each weight read from beyond the L2 cache (about a minute)
 # TINY=1 checks the script on a CPU with the tiny twin.
 set -uo pipefail
 out=$1
@@ -83,6 +86,10 @@ print(*(r[0]['best'][k] for k in ('block', 'warps', 'stages')))" "$out/triton_mi
             python3 benchmarks/decode_splitkv.py decode "$out/draw_decode.jsonl" $b ${BASELINE:-} >"$out/draw_decode_b$b.log" 2>&1
             echo "draw decode batch $b rc=$?"; grep "^==" "$out/draw_decode_b$b.log"
         done
+        ;;
+    products)
+        python3 benchmarks/decode_products.py "$out/products.json" >"$out/products.log" 2>&1
+        echo "products rc=$?"; cut -c1-400 "$out/products.log"
         ;;
     *) echo "unknown stage $stage" && exit 2 ;;
     esac
