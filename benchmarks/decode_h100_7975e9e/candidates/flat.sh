@@ -9,18 +9,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 benchmarks/decode_h100_7975e9e/candidates/flat_bench.py draw 2>&1 | tee $OUT/draw4x.log
 python3 benchmarks/decode_h100_7975e9e/candidates/flat_bench.py micro $OUT/flat_micro.json 2>&1 | tee $OUT/flat_micro.log | cut -c1-400
-python3 - <<'PY'
-import json, re
-rows = json.load(open(__import__("os").environ["OUT"] + "/flat_micro.json"))
-r = next(r for r in rows if (r["batch"], r["L"]) == (128, 320))
-b = r["best"]
-flat = {"resident": b["resident"], "block": b["block"], "warps": b["warps"], "stages": b["stages"]}
-s = open("benchmarks/decode_h100_7975e9e/candidates/flash_decode_flat.py").read()
-s = re.sub(r'FLAT = \{[^}]*\}', "FLAT = " + json.dumps(flat), s)
-open("/tmp/flash_decode_flat_best.py", "w").write(s)
-print("FLAT =", flat)
-PY
 for b in ${BATCHES:-128}; do
-    python3 benchmarks/decode_h100_7975e9e/candidates/flat_bench.py decode $OUT/flat_decode.jsonl $b /tmp/flash_decode_flat_best.py >$OUT/flat_decode_b$b.log 2>&1
-    echo "decode batch $b rc=$?"; grep "^==" $OUT/flat_decode_b$b.log
+    python3 benchmarks/decode_h100_7975e9e/candidates/flat_bench.py decode $OUT/flat_decode.jsonl $b $OUT/flat_micro.json >$OUT/flat_decode_b$b.log 2>&1
+    echo "decode batch $b rc=$?"; grep -E "^(==|FLAT)" $OUT/flat_decode_b$b.log
 done

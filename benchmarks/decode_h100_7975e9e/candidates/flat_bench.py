@@ -6,14 +6,15 @@ programs as the card holds, their blocks one loop), and the draw with one Philox
     TRITON_INTERPRET=1 python benchmarks/decode_h100_7975e9e/candidates/flat_bench.py check  # equal to SDPA (CPU)
     python .../flat_bench.py draw                    # ms per draw at batch 128 and 256, the code's and the candidate's
     python .../flat_bench.py micro OUT.json          # ms per layer call, the code's and every `flat` config (GPU)
-    python .../flat_bench.py decode OUT.jsonl 128 FLAT.py  # the compiled decoder, FLAT.py's attention then the code's
+    python .../flat_bench.py decode OUT.jsonl 128 MICRO.json  # the compiled decoder through `flat` with MICRO.json's
+                                                              # best config at 128 x 320, then the code (GPU)
 """
 
+import importlib.util
 import itertools
 import json
 import os
 import sys
-import types
 
 import torch
 
@@ -21,12 +22,28 @@ sys.path.insert(0, "benchmarks")
 HERE = os.path.dirname(os.path.abspath(__file__))
 from decode_splitkv import case, sdpa_write_attention, timed  # noqa: E402
 
+from omnialign.rollout import fused_sample  # noqa: E402
 from omnialign.rollout.decode import decode_attention  # noqa: E402
 from omnialign.rollout.flash_decode import TILES, attention, split_length  # noqa: E402
 
-text = open(HERE + "/flash_decode_flat.py").read().replace('"omnialign::write_attention"', '"flat::write_attention"')
-mod = types.ModuleType("flat")
-exec(compile(text, HERE + "/flash_decode_flat.py", "exec"), mod.__dict__)
+
+def candidate(name: str):
+    spec = importlib.util.spec_from_file_location(name, f"{HERE}/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mod, draw4x = candidate("flash_decode_flat"), candidate("fused_sample_4x")
+
+
+def candidate_draw(logits: torch.Tensor, temperature: float, chunk: int | None = None):
+    """`fused_sample.draw` with the candidate's `_partial`."""
+    code, fused_sample._partial = fused_sample._partial, draw4x._partial
+    try:
+        return fused_sample.draw(logits, temperature, chunk)
+    finally:
+        fused_sample._partial = code
 
 
 def check():
@@ -41,6 +58,16 @@ def check():
         unmasked = mod.flat(q, k, v, keys, values, slots, visible | True, 128**-0.5, programs, block, 2, 2)
         reached = (torch.arange(length) <= slots)[None, None, None]
         assert torch.allclose(unmasked, decode_attention(q, keys, values, reached, 128**-0.5), atol=1e-5)
+    few = torch.full((4000, 6), -30.0)  # the candidate draw: softmax(0, 1, 2) and its log-probs
+    few[:, :3] = torch.tensor([0.0, 1.0, 2.0])
+    tokens, logps = candidate_draw(few, 1.0, fused_sample.BLOCK)
+    print("draws", (torch.bincount(tokens, minlength=6) / len(tokens)).tolist(), "of", few[0].softmax(0).tolist())
+    assert torch.allclose(logps, few.log_softmax(-1).gather(1, tokens[:, None])[:, 0], atol=1e-6)
+    logits = torch.randn(3, 5000) * 2
+    torch.manual_seed(5)
+    once = candidate_draw(logits, 0.7, fused_sample.BLOCK)[0]
+    torch.manual_seed(5)
+    assert torch.equal(candidate_draw(logits, 0.7, 2 * fused_sample.BLOCK)[0], once)  # whatever the splits
     print("ok")
 
 
@@ -82,13 +109,6 @@ def micro(out):
 
 def draw_micro():
     """ms per fused draw at batch 128 and 256: the code's and the four-numbers-a-call candidate's."""
-    import importlib.util
-
-    from omnialign.rollout import fused_sample
-
-    spec = importlib.util.spec_from_file_location("draw4x", HERE + "/fused_sample_4x.py")
-    cand = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cand)
     for batch in (128, 256):
         logits = torch.randn(batch, 151_936, device="cuda") * 4
         print(
@@ -96,22 +116,24 @@ def draw_micro():
                 {
                     "batch": batch,
                     "code_ms": round(timed(fused_sample.draw, logits, 1.0), 4),
-                    "rand4x_ms": round(timed(cand.draw, logits, 1.0), 4),
+                    "rand4x_ms": round(timed(candidate_draw, logits, 1.0), 4),
                 }
             ),
             flush=True,
         )
 
 
-def in_decoder(out, batch, candidate):
-    """The compiled decoder at `batch`: the candidate's attention, then the code's, one process (no SDPA row)."""
-    from decode_splitkv import baseline_attention
-
+def in_decoder(out, batch, micro_json):
+    """The compiled decoder at `batch`: `flat` with the micro's best config at 128 x 320, then the code's attention,
+    one process (no SDPA row)."""
     from omnialign.bench.decode import bench_decode
     from omnialign.rollout import decode
 
+    best = next(r for r in json.load(open(micro_json)) if (r["batch"], r["L"]) == (128, 320))["best"]
+    mod.FLAT.update({name: best[name] for name in mod.FLAT})
+    print("FLAT =", mod.FLAT, flush=True)
     code = decode.write_decode_attention
-    for name, attend in (("flat", baseline_attention(candidate)), ("code", code)):
+    for name, attend in (("flat", mod.write_attention), ("code", code)):
         decode.write_decode_attention = attend
         torch._dynamo.reset()
         rows = bench_decode(
