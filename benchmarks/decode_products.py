@@ -5,8 +5,8 @@
 The fifty-seventh session's profile of one decode step (BENCHMARKS.md, "one decode step kernel by kernel") put the
 products at 6.0 ms against 4.5 ms of weight bytes on an H100, cuBLAS reading the o and down weights with 64x64 tiles
 (128 programs on 132 processors). This times each product three ways, each as the decoder runs it (calls captured in
-a CUDA graph and replayed) over copies of its weight that together exceed the L2 cache twice, so that no call finds
-its weight there (the step reads each weight once):
+a CUDA graph and replayed, `decode_splitkv.timed`) over copies of its weight in turn, each read again only after
+twice the L2 cache of the others, so that no call finds its weight there (the step reads each weight once):
 
 - `linear`: `F.linear`, as the decoder's merged step calls it (cuBLAS's own choice of kernel);
 - `cublaslt`: the same with `torch.backends.cuda.preferred_blas_library("cublaslt")`;
@@ -17,11 +17,13 @@ its weight there (the step reads each weight once):
 Each row gives ms per call, the weight's bytes over that time and the largest difference from the float32 product.
 """
 
+import itertools
 import json
 import sys
 
 import torch
 import torch.nn.functional as F
+from decode_splitkv import timed  # this folder's: calls captured in a CUDA graph and replayed
 
 SHAPES = {  # name: (output features, input features) of Qwen3-8B's products as the merged decode step has them
     "qkv": (4096 + 2 * 1024, 4096),
@@ -37,26 +39,10 @@ def split2(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.addmm(F.linear(x[:, :half], w[:, :half]), x[:, half:], w[:, half:].T)
 
 
-def timed(fn, x: torch.Tensor, weights: list[torch.Tensor], replays: int = 10) -> float:
-    """ms per call of fn(x, w), the calls going round `weights` once per replay of a captured graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for w in weights[:2]:  # picks its algorithms outside the capture
-            fn(x, w)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in weights:
-            fn(x, w)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (replays * len(weights))
+def in_turn(fn, x: torch.Tensor, weights: list[torch.Tensor]):
+    """fn(x, w) with the next copy of the weight at each call."""
+    copies = itertools.cycle(weights)
+    return lambda: fn(x, next(copies))
 
 
 def main(out: str, batch: int) -> None:
@@ -73,7 +59,7 @@ def main(out: str, batch: int) -> None:
         for variant, fn in (("linear", F.linear), ("cublaslt", F.linear), ("split2", split2)):
             torch.backends.cuda.preferred_blas_library("cublaslt" if variant == "cublaslt" else default)
             err = float((fn(x, weights[0]).float() - exact).abs().max())
-            ms = timed(fn, x, weights)
+            ms = timed(in_turn(fn, x, weights))
             torch.backends.cuda.preferred_blas_library(default)
             row[variant] = {"ms": round(ms, 4), "TB_s": round(mb / ms / 1e3, 2), "err": err}
         rows.append(row)
