@@ -57,9 +57,16 @@ from omnialign.cli import main; main(sys.argv[1:])")
 bench() {  # bench KIND NAME RECIPE [bench args ...]: one `omnialign bench KIND` run, its log and JSON under OUT
     local kind=$1 name=$2 r=$3
     shift 3
+    local smi=""  # the card's clocks, power and temperature each second beside the run (OUT/NAME.smi.csv)
+    if [ -z "${TINY:-}" ]; then
+        nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
+            --format=csv,noheader -lms 1000 >"$out/$name.smi.csv" 2>&1 &
+        smi=$!
+    fi
     "${omnialign[@]}" bench "$kind" --recipe "$r" "${tiny[@]}" --work "/tmp/bench_$name" --out "$out/$name.json" \
         "$@" >"$out/$name.log" 2>&1
     echo "$name rc=$?"
+    [ -n "$smi" ] && kill "$smi"
     tail -3 "$out/$name.log" | cut -c1-700
 }
 for stage in "$@"; do
