@@ -19,9 +19,12 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     skip_slow = pytest.mark.skip(reason="slow: pass --runslow")
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_matrix = pytest.mark.skip(reason="a recipe beyond its model's representatives: on a CPU only with --runslow")
     for item in items:
         if "slow" in item.keywords and not config.getoption("--runslow"):
             item.add_marker(skip_slow)
+        if "matrix" in item.keywords and not (torch.cuda.is_available() or config.getoption("--runslow")):
+            item.add_marker(skip_matrix)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
         for marker, (present, reason) in EXTERNAL.items():

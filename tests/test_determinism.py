@@ -7,6 +7,7 @@ processes (their own hash seeds) of the default recipe."""
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from omnialign.config import apply_overrides, validate
@@ -60,9 +61,11 @@ SMALL = ["data.prompts_per_step=2", "rollout.n=4", "rollout.steps=4", "rollout.v
          "actor.mini_batch_size=none", "actor.micro_batch_size=4", "trainer.deterministic=true"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_processes_give_identical_metrics(tmp_path):
-    """`omnialign train glyphs` twice, in two processes started together (on a GPU they share the card):
-    metrics.jsonl equal in every entry but the timings."""
+    """`omnialign train glyphs` twice, in two processes started together: metrics.jsonl equal in every entry but the
+    timings. Slow (50 s on CI's two cores): on a GPU, where two processes share the card, the tier's
+    `test_deterministic_glyphs_runs_agree_on_cuda` checks it, and every recipe's test repeats its run in one process."""
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
     procs = [subprocess.Popen([sys.executable, "-m", "omnialign", "train", "glyphs", f"name={name}", *SMALL,
                                f"trainer.output_dir={tmp_path}"], stdout=subprocess.DEVNULL, stderr=log.open("w"))

@@ -178,8 +178,10 @@ def test_shipped_base_model_is_legible_and_imperfect_by_design():
     assert report["gold"]["accuracy/renders"] >= 0.97 and report["gold"]["not_a_digit/all_negatives"] >= 0.95
 
 
+@pytest.mark.slow
 def test_prepare_glyphs_stages_write_loadable_models(tmp_path):
-    """A few steps of each model stage (the full run is documented in pretrain.py): everything loads back."""
+    """A few steps of each model stage (the full run is documented in pretrain.py): everything loads back. Slow: 50 s
+    on CI's two cores, for a script that builds the shipped weights (the video stages' test runs in CI)."""
     stages = ["gold", "recognizer", "teacher", "base", "person"]
     config = PretrainConfig(out=str(tmp_path), device="cpu", gold_steps=2, recognizer_steps=2, clean_steps=2,
                             noisy_steps=2, noisy_batch=16, eval_every=2, eval_count=50, person_steps=2,

@@ -16,6 +16,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, Flux
 from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
 from diffusers.pipelines.flux import pipeline_flux_kontext
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+from matrix import recipe_params
 from peft import LoraConfig, get_peft_model
 from PIL import Image
 
@@ -275,7 +276,7 @@ def recipe_data(tmp_path_factory, paths):
             "flux_kontext": (edits / "train.jsonl", edits / "test.jsonl")}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", RECIPE_NAMES)
+@pytest.mark.parametrize("name", recipe_params(RECIPE_NAMES))
 def test_flux_recipe_runs_two_steps(name, paths, recipe_data, tmp_path):
     """Each FLUX recipe, 2 steps on its tiny twin (on a GPU where there is one), scoring JPEG size: the training
     path is what this checks. Kontext reads its sources from the prompt file (source_resize off: 32x32)."""

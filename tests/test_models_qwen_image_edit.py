@@ -19,6 +19,7 @@ import pytest
 import torch
 from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
 from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
+from matrix import recipe_params
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
 from transformers.processing_utils import ProcessorMixin
@@ -265,7 +266,7 @@ def run_two_steps(name, model, prompts, tmp_path, reward: str) -> list[dict]:
     return records
 
 
-@pytest.mark.parametrize("name", EDIT_RECIPES)
+@pytest.mark.parametrize("name", recipe_params(EDIT_RECIPES))
 def test_qwen_image_edit_recipe_runs_two_steps(name, plus_path, edit_prompts, tmp_path):
     """Each recipe on the multi-image layout: two sources per prompt (one grayscale, another aspect ratio)."""
     run_two_steps(name, plus_path, edit_prompts, tmp_path, "jpeg_compressibility")

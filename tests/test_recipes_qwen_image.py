@@ -5,6 +5,7 @@ they check, and Tesseract is not on every GPU machine."""
 import math
 
 import pytest
+from matrix import recipe_params
 
 from omnialign.config import apply_overrides, validate
 from omnialign.data.ocr import prepare_ocr
@@ -49,7 +50,7 @@ def run_two_steps(name, assets, tmp_path, reward: str) -> list[dict]:
     return records
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", recipe_params(NAMES))
 def test_qwen_image_recipe_runs_two_steps(name, assets, tmp_path):
     run_two_steps(name, assets, tmp_path, "jpeg_compressibility")
 

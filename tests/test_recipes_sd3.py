@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from matrix import recipe_params
 
 from omnialign.bench.models import SD35, full_sd3, transformer_flops
 from omnialign.bench.recipe import recipe_row
@@ -43,7 +44,7 @@ def assets(tmp_path_factory):
     return tiny.sd3(root / "model"), root / "data"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", recipe_params(NAMES))
 def test_sd3_recipe_runs_two_steps(name, assets, tmp_path):
     model, data = assets
     config = RECIPES[name]()

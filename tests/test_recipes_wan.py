@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
+from matrix import recipe_params
 
 from omnialign.bench.models import WAN as WAN_TRANSFORMERS
 from omnialign.bench.models import full_wan, wan_flops, wan_tokens
@@ -97,10 +98,12 @@ def twins(tmp_path_factory):
             "a14b": tiny.wan(root / "a14b", seed=1, boundary_ratio=wan.A14B_BOUNDARY)}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["wan21_t2v_1_3b_ocr_flowgrpo_lora", "wan21_t2v_1_3b_ocr_flowgrpo_cps_lora",
-                                  "wan21_t2v_1_3b_ocr_dppo_lora", "wan21_t2v_1_3b_ocr_nft_lora",
-                                  "wan21_t2v_1_3b_ocr_online_dpo_lora", "wan21_t2v_1_3b_ocr_flowgrpo_full",
-                                  "wan22_t2v_a14b_ocr_flowgrpo_lora"])  # fmt: skip
+TWIN_RECIPES = ["wan21_t2v_1_3b_ocr_flowgrpo_lora", "wan21_t2v_1_3b_ocr_flowgrpo_cps_lora",
+                "wan21_t2v_1_3b_ocr_dppo_lora", "wan21_t2v_1_3b_ocr_nft_lora", "wan21_t2v_1_3b_ocr_online_dpo_lora",
+                "wan21_t2v_1_3b_ocr_flowgrpo_full", "wan22_t2v_a14b_ocr_flowgrpo_lora"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", recipe_params(TWIN_RECIPES))
 def test_recipe_runs_two_steps_on_the_tiny_twin(name, twins, tmp_path):
     """Each algorithm on the tiny twin (the JPEG-size stand-in scores every frame); A14B's on a two-expert twin with
     the recipe's 20 steps and window: a trained step below the boundary would raise."""
