@@ -28,6 +28,7 @@
 #                                                # (engine.checkpoint_every=4) at micro-batch 8, then the recipe's 16
 #                                                # with every block recomputed: goal 2 as met on an H100 (f911e1c)
 #   benchmarks/speed_gpu.sh OUT ck4_kontext      # flux_kontext_edit_flowgrpo_lora, the same at micro-batch 4
+#                                                # (MICRO=N sets the first run's micro-batch for either stage)
 #   benchmarks/speed_gpu.sh OUT wan14b           # wan21_t2v_14b_ocr_flowgrpo_lora, one step of two videos: goal 4
 #   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
@@ -108,8 +109,8 @@ for stage in "$@"; do
         ;;
     ck4_flux | ck4_kontext)
         case $stage in
-        ck4_flux) r=flux_ocr_flowgrpo_lora m=8 ;;
-        ck4_kontext) r=flux_kontext_edit_flowgrpo_lora m=4 ;;
+        ck4_flux) r=flux_ocr_flowgrpo_lora m=${MICRO:-8} ;;
+        ck4_kontext) r=flux_kontext_edit_flowgrpo_lora m=${MICRO:-4} ;;
         esac
         fast="engine.fp8=true rollout.grad_graph=true engine.fp8_backward=true"
         bench recipe "${stage}_every4" $r --prompts 2 --steps 2 --set $fast engine.checkpoint_every=4 \
