@@ -8,6 +8,6 @@ import pytest
 REPRESENTATIVES = ("_flowgrpo_lora", "_flowgrpo_full", "_nft_lora", "_online_dpo_lora")
 
 
-def recipe_params(names: list[str]) -> list:
-    """`names` as parameters, those that are not representatives marked `matrix`."""
-    return [name if name.endswith(REPRESENTATIVES) else pytest.param(name, marks=pytest.mark.matrix) for name in names]
+def recipe_params(names: list[str], representatives: tuple[str, ...] = REPRESENTATIVES) -> list:
+    """`names` as parameters, those that do not end in one of `representatives` marked `matrix`."""
+    return [name if name.endswith(representatives) else pytest.param(name, marks=pytest.mark.matrix) for name in names]

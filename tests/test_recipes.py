@@ -7,6 +7,7 @@ step equals 3 steps straight, every metric and every trained weight, bit for bit
 
 import pytest
 import torch
+from matrix import recipe_params
 
 from omnialign.config import apply_overrides, validate
 from omnialign.engine import checkpoint
@@ -21,9 +22,12 @@ EXPECTED = {"flowgrpo": "actor/clip_frac", "grpo_guard": "actor/clip_frac", "dpp
             "dgpo": "actor/dgpo/weight", "gardo": "gardo/gated", "tempflow": "actor/clip_frac",
             "branchgrpo": "actor/clip_frac", "online_dpo": "actor/dpo/accuracy"}  # fmt: skip
 FAMILIES = set({RECIPES[name]().algorithm.name: name for name in reversed(GLYPHS)}.values())  # each one's first
-# the edit and video tasks run their representatives (tests/matrix.py) on a CPU; every algorithm runs on glyphs above
-TASKS = [name if not name.startswith(("glyphs_edit_", "glyphs_video_")) or name.endswith(("_nft", "_online_dpo"))
-         else pytest.param(name, marks=pytest.mark.matrix) for name in GLYPHS]  # fmt: skip
+# every algorithm on glyphs; the edit and video tasks' representatives on a CPU (tests/matrix.py; FlowGRPO's are
+# glyphs_edit and glyphs_video)
+EDIT_VIDEO = [name for name in GLYPHS if name.startswith(("glyphs_edit", "glyphs_video"))]
+TASKS = [name for name in GLYPHS if name not in EDIT_VIDEO] + recipe_params(
+    EDIT_VIDEO, ("_edit", "_video", "_nft", "_online_dpo")
+)
 
 
 def trained_weights(run):
