@@ -28,7 +28,8 @@
 #                                                # (engine.checkpoint_every=4) at micro-batch 8, then the recipe's 16
 #                                                # with every block recomputed: goal 2 as met on an H100 (f911e1c)
 #   benchmarks/speed_gpu.sh OUT ck4_kontext      # flux_kontext_edit_flowgrpo_lora, the same at micro-batch 4
-#                                                # (MICRO=N sets the first run's micro-batch for either stage)
+#                                                # (MICRO=N sets the first run's micro-batch for either stage,
+#                                                # STEPS=N the steps of both runs; 2 by default)
 #   benchmarks/speed_gpu.sh OUT wan14b           # wan21_t2v_14b_ocr_flowgrpo_lora, one step of two videos: goal 4
 #   benchmarks/speed_gpu.sh OUT omni             # qwen3_omni_dpo with the full towers on image, audio and video
 #                                                # rows, then qwen3_omni_gspo with generation: goal 5
@@ -36,6 +37,7 @@
 #   benchmarks/speed_gpu.sh OUT omni_decoders    # qwen3_omni_gspo, 16 image prompts x 8 generated 128 together,
 #                                                # through each of DECODERS="transformers compiled": goal 5
 #                                                # (OMNI_MICRO_BATCH=64 for 64 at a time)
+# SET="KEY=VALUE ..." adds overrides to profile_flux's and profile_kontext's run too (the ck4 stages' settings, say).
 # TINY=1 checks a stage on a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8,
 # qwen_goal1 and the fp8 stages: an H100 holds the Qwen-Image recipes' actor micro-batch of 16 in neither precision
 # (SET=actor.micro_batch_size=8).
@@ -113,13 +115,16 @@ for stage in "$@"; do
         ck4_kontext) r=flux_kontext_edit_flowgrpo_lora m=${MICRO:-4} ;;
         esac
         fast="engine.fp8=true rollout.grad_graph=true engine.fp8_backward=true"
-        bench recipe "${stage}_every4" $r --prompts 2 --steps 2 --set $fast engine.checkpoint_every=4 \
+        bench recipe "${stage}_every4" $r --prompts 2 --steps ${STEPS:-2} --set $fast engine.checkpoint_every=4 \
             actor.micro_batch_size=$m rollout.micro_batch_size=$m
-        bench recipe "${stage}_recipe" $r --prompts 2 --steps 2 --set $fast
+        bench recipe "${stage}_recipe" $r --prompts 2 --steps ${STEPS:-2} --set $fast
         ;;
-    profile_flux) bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ;;
+    profile_flux)
+        bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ${SET:+--set $SET}
+        ;;
     profile_kontext)
-        bench recipe kontext_profile flux_kontext_edit_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/kontext_profile"
+        bench recipe kontext_profile flux_kontext_edit_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/kontext_profile" \
+            ${SET:+--set $SET}
         ;;
     profile_edit)
         bench recipe edit_profile qwen_image_edit_ocr_flowgrpo_lora --prompts 1 --steps 2 --profile "$out/edit_profile"
