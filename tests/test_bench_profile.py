@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from omnialign.bench.profile import kind, profiled, summarise
+from omnialign.bench.profile import by_phase, kind, profiled, summarise
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -44,18 +44,38 @@ def test_summary_adds_up_by_kind():
     assert s["top"][0] == {"name": "aten::mm", "kind": "matmul", "ms": 8.0}
 
 
+def test_phases_count_the_events_that_start_inside_them():
+    events = [("aten::mm", 0.0, 3.0), ("aten::add", 5_000.0, 1.0), ("aten::mm", 12_000.0, 2.0), ("nccl", 30_000.0, 9.0)]
+    phases = [("update", 10_000.0, 20_000.0), ("rollout", 0.0, 8_000.0), ("update", 25_000.0, 26_000.0)]
+    s = by_phase(events, phases)
+    assert list(s) == ["rollout", "update"]  # the order they ran; the event outside every range is in neither
+    assert s["rollout"] == {
+        "wall_ms": 8.0,
+        "device_ms": 4.0,
+        "busy_share": 0.5,
+        "kinds": {"matmul": {"ms": 3.0, "share": 0.75}, "elementwise": {"ms": 1.0, "share": 0.25}},
+    }
+    assert s["update"]["wall_ms"] == 11.0 and s["update"]["device_ms"] == 2.0  # its two ranges summed
+
+
 def test_profiled_step_writes_a_trace_and_its_kinds(tmp_path):
     cuda = torch.cuda.is_available()
     a = torch.randn(1024, 1024, device="cuda" if cuda else "cpu")  # kernels where they run
 
     def step():
+        with torch.profiler.record_function("phase/rollout"):
+            b = a + 1
         with torch.profiler.record_function("phase/update"):
-            return sum((a @ a).sum() for _ in range(10))
+            return sum((b @ a).sum() for _ in range(10))
 
     result, summary = profiled(step, tmp_path, cuda)
     assert torch.isfinite(result)
     assert summary["kinds"]["matmul"]["share"] > 0.5  # the step is matmuls
     assert all(not t["name"].startswith("phase/") for t in summary["top"])
+    phases = summary["phases"]
+    assert list(phases) == ["rollout", "update"] and "matmul" not in phases["rollout"]["kinds"]
+    assert phases["update"]["kinds"]["matmul"]["share"] > 0.5 and 0 < phases["update"]["busy_share"] <= 1
+    assert sum(p["device_ms"] for p in phases.values()) <= summary["device_ms"] + 0.1
     assert json.loads((tmp_path / "kernels.json").read_text()) == summary
     trace = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))
     assert any(e.get("name") == "phase/update" for e in trace["traceEvents"])

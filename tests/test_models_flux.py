@@ -325,7 +325,7 @@ def test_full_size_flux_has_the_released_parameter_counts():
 
 def test_bench_recipe_tiny_rows_for_kontext(tmp_path):
     """`omnialign bench recipe --tiny` on a Kontext recipe: the bench's edit prompts carry sources; MFU counts them.
-    `--profile` runs the step under the profiler: its trace shows the trainer's phases."""
+    `--profile` runs the step under the profiler: its trace and its kernels' summary show the trainer's phases."""
     out = tmp_path / "kontext.json"
     cli(["bench", "recipe", "--tiny", "--recipe", "flux_kontext_edit_flowgrpo_lora", "--prompts", "2", "--steps", "1",
          "--work", str(tmp_path / "work"), "--out", str(out), "--set", "engine.compile=false",
@@ -337,7 +337,9 @@ def test_bench_recipe_tiny_rows_for_kontext(tmp_path):
     trace = json.loads(gzip.decompress((tmp_path / "profile" / "trace.json.gz").read_bytes()))
     phases = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("phase/")}
     assert {"phase/rollout", "phase/update"} <= phases
-    assert json.loads((tmp_path / "profile" / "kernels.json").read_text())["kinds"]["matmul"]["ms"] > 0
+    kernels = json.loads((tmp_path / "profile" / "kernels.json").read_text())
+    assert kernels["kinds"]["matmul"]["ms"] > 0 and kernels["phases"]["update"]["kinds"]["matmul"]["ms"] > 0
+    assert list(kernels["phases"])[0] == "rollout"
 
 
 def test_judge_knows_a_flux_pipeline_folder(paths):

@@ -7,8 +7,9 @@ writes DIR/trace.json.gz (open it in https://ui.perfetto.dev or chrome://tracing
 named ranges) and DIR/kernels.json: the step's device time (CUDA kernels; CPU operators where there is no GPU) by
 kind (`KINDS`: matmul, attention, normalisation, fused Triton, copies and casts, reductions, elementwise, other),
 each with its milliseconds and share, the busy share of the step's wall time (the rest is the device waiting on the
-host: launches, syncs, Python), and the 25 costliest kernels. A trace holds every kernel launch, so profile a small
-step (`--prompts 1` or 2): a full-size step of a minute makes a trace of gigabytes.
+host: launches, syncs, Python), the 25 costliest kernels, and under `phases` the same by trainer phase (rollout,
+update, ...: where in the step the device waits, and on what kind of work each phase spends). A trace holds every
+kernel launch, so profile a small step (`--prompts 1` or 2): a full-size step of a minute makes a trace of gigabytes.
 """
 
 import gzip
@@ -53,12 +54,27 @@ def summarise(events: list[tuple[str, float]], wall_ms: float) -> dict:
     for name, ms in events:
         by_kind[kind(name)] = by_kind.get(kind(name), 0.0) + ms
         by_name[name] = by_name.get(name, 0.0) + ms
-    kinds = {k: {"ms": round(ms, 3), "share": round(ms / total, 4)}
+    kinds = {k: {"ms": round(ms, 3), "share": round(ms / total, 4) if total else 0.0}
              for k, ms in sorted(by_kind.items(), key=lambda kv: -kv[1])}  # fmt: skip
     top = [{"name": n[:200], "kind": kind(n), "ms": round(ms, 3)}
            for n, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]]  # fmt: skip
     return {"wall_ms": round(wall_ms, 1), "device_ms": round(total, 1), "busy_share": round(total / wall_ms, 4),
             "kinds": kinds, "top": top}  # fmt: skip
+
+
+def by_phase(events: list[tuple[str, float, float]], phases: list[tuple[str, float, float]]) -> dict:
+    """The trainer's phases one by one: events (name, start in us, self milliseconds) counted in the phase range
+    (name, start us, end us) that holds their start -> {phase: {wall_ms (the range's length on the timeline
+    counted), device_ms, busy_share, kinds}} in the order the phases ran (a phase in several ranges: their sums)."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for name, start, end in sorted(phases, key=lambda p: p[1]):
+        spans.setdefault(name, []).append((start, end))
+    out = {}
+    for name, ranges in spans.items():
+        inside = [(n, ms) for n, t, ms in events if any(start <= t < end for start, end in ranges)]
+        s = summarise(inside, sum(end - start for start, end in ranges) / 1e3)
+        out[name] = {k: s[k] for k in ("wall_ms", "device_ms", "busy_share", "kinds")}
+    return out
 
 
 def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object, dict]:
@@ -73,13 +89,18 @@ def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object,
             torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) * 1e3
     out.mkdir(parents=True, exist_ok=True)
-    if cuda:  # the kernels themselves, not the ranges around them (record_function shows on the GPU's timeline too)
-        events = [(e.name, e.device_time_total / 1e3) for e in prof.events()
-                  if e.device_type == DeviceType.CUDA and not e.is_user_annotation]  # fmt: skip
-    else:  # operators by their self time (nested ones not counted twice), the trainer's phase ranges left out
-        events = [(e.key, e.self_cpu_time_total / 1e3) for e in prof.key_averages()
-                  if e.self_cpu_time_total > 0 and not e.key.startswith("phase/")]  # fmt: skip
-    summary = {"device": torch.cuda.get_device_name() if cuda else "cpu", **summarise(events, wall_ms)}
+    # the kernels themselves, not the ranges around them (record_function shows on the GPU's timeline too; a phase's
+    # range there runs from its first kernel to its last); on the CPU operators by their self time (nested ones not
+    # counted twice), the trainer's phase ranges left out
+    device = DeviceType.CUDA if cuda else DeviceType.CPU
+    on_device = [e for e in prof.events() if e.device_type == device]
+    events = [(e.name, e.time_range.start, (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3)
+              for e in on_device
+              if not e.name.startswith("phase/") and not (cuda and e.is_user_annotation)]  # fmt: skip
+    phases = [(e.name.removeprefix("phase/"), e.time_range.start, e.time_range.end)
+              for e in on_device if e.name.startswith("phase/")]  # fmt: skip
+    summary = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+               **summarise([(n, ms) for n, _, ms in events], wall_ms), "phases": by_phase(events, phases)}  # fmt: skip
     (out / "kernels.json").write_text(json.dumps(summary, indent=2))
     prof.export_chrome_trace(str(out / "trace.json"))
     with open(out / "trace.json", "rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
