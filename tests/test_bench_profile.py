@@ -2,11 +2,12 @@
 
 import gzip
 import json
+import time
 
 import pytest
 import torch
 
-from omnialign.bench.profile import by_phase, kind, profiled, summarise
+from omnialign.bench.profile import by_phase, gaps, kind, profiled, summarise, waits
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -58,6 +59,20 @@ def test_phases_count_the_events_that_start_inside_them():
     assert s["update"]["wall_ms"] == 11.0 and s["update"]["device_ms"] == 2.0  # its two ranges summed
 
 
+def test_gaps_are_the_device_waits_between_kernels_and_waits_sum_them_by_the_next_kernel():
+    # a 1 ms kernel at 0 ms, one on another stream inside it (no gap); 1.5 ms idle, a copy; 0.4 ms idle, a matmul
+    # and one that starts as it ends (no gap); 1 ms idle, a third
+    kernels = [("mm", 3_000.0, 1.0), ("a", 0.0, 1.0), ("b", 200.0, 0.5), ("Memcpy HtoD", 3_000.0 - 500.0, 0.1),
+               ("mm", 5_000.0, 1.0), ("mm", 4_000.0, 0.0)]  # fmt: skip
+    assert [(n, round(g, 3)) for n, g in gaps(kernels)] == [("Memcpy HtoD", 1.5), ("mm", 0.4), ("mm", 1.0)]
+    w = waits(gaps(kernels))
+    assert w["ms"] == 2.9 and w["count"] == 3
+    assert w["by_next"] == [{"name": "Memcpy HtoD", "ms": 1.5, "count": 1}, {"name": "mm", "ms": 1.4, "count": 2}]
+    phases = by_phase(kernels, [("rollout", 0.0, 2_000.0), ("update", 2_000.0, 6_000.0)], timeline=True)
+    assert phases["rollout"]["waits"]["count"] == 0  # the wait before the copy spans the two phases: in neither
+    assert phases["update"]["waits"]["ms"] == 1.4  # the gaps between its own kernels
+
+
 def test_profiled_step_writes_a_trace_and_its_kinds(tmp_path):
     cuda = torch.cuda.is_available()
     a = torch.randn(1024, 1024, device="cuda" if cuda else "cpu")  # kernels where they run
@@ -66,7 +81,11 @@ def test_profiled_step_writes_a_trace_and_its_kinds(tmp_path):
         with torch.profiler.record_function("phase/rollout"):
             b = a + 1
         with torch.profiler.record_function("phase/update"):
-            return sum((b @ a).sum() for _ in range(10))
+            c = b @ a
+            if cuda:  # the device waits for the host in the middle of the update
+                torch.cuda.synchronize()
+                time.sleep(0.05)
+            return sum((c @ a).sum() for _ in range(10))
 
     result, summary = profiled(step, tmp_path, cuda)
     assert torch.isfinite(result)
@@ -75,7 +94,12 @@ def test_profiled_step_writes_a_trace_and_its_kinds(tmp_path):
     phases = summary["phases"]
     assert list(phases) == ["rollout", "update"] and "matmul" not in phases["rollout"]["kinds"]
     assert phases["update"]["kinds"]["matmul"]["share"] > 0.5 and 0 < phases["update"]["busy_share"] <= 1
-    assert sum(p["device_ms"] for p in phases.values()) <= summary["device_ms"] + 0.1
+    assert sum(p["device_ms"] for p in phases.values()) <= summary["device_ms"] + 0.2  # each rounded to 0.1 ms
+    if cuda:
+        assert phases["update"]["waits"]["ms"] >= 50 and summary["waits"]["ms"] >= phases["update"]["waits"]["ms"]
+        assert max(phases["update"]["waits"]["by_next"], key=lambda w: w["ms"])["name"] in [
+            t["name"] for t in summary["top"]
+        ]
     assert json.loads((tmp_path / "kernels.json").read_text()) == summary
     trace = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))
     assert any(e.get("name") == "phase/update" for e in trace["traceEvents"])

@@ -7,9 +7,11 @@ writes DIR/trace.json.gz (open it in https://ui.perfetto.dev or chrome://tracing
 named ranges) and DIR/kernels.json: the step's device time (CUDA kernels; CPU operators where there is no GPU) by
 kind (`KINDS`: matmul, attention, normalisation, fused Triton, copies and casts, reductions, elementwise, other),
 each with its milliseconds and share, the busy share of the step's wall time (the rest is the device waiting on the
-host: launches, syncs, Python), the 25 costliest kernels, and under `phases` the same by trainer phase (rollout,
-update, ...: where in the step the device waits, and on what kind of work each phase spends). A trace holds every
-kernel launch, so profile a small step (`--prompts 1` or 2): a full-size step of a minute makes a trace of gigabytes.
+host: launches, syncs, Python), the 25 costliest kernels, under `phases` the same by trainer phase (rollout,
+update, ...), and on a GPU under `waits` (the step's and each phase's) the device's idle gaps between kernels summed
+by the kernel each gap ends at: what the device waited to start (a host-to-device copy after a sync, the first
+kernel after host work). A trace holds every kernel launch, so profile a small step (`--prompts 1` or 2): a
+full-size step of a minute makes a trace of gigabytes.
 """
 
 import gzip
@@ -62,19 +64,48 @@ def summarise(events: list[tuple[str, float]], wall_ms: float) -> dict:
             "kinds": kinds, "top": top}  # fmt: skip
 
 
-def by_phase(events: list[tuple[str, float, float]], phases: list[tuple[str, float, float]]) -> dict:
+def by_phase(
+    events: list[tuple[str, float, float]], phases: list[tuple[str, float, float]], timeline: bool = False
+) -> dict:
     """The trainer's phases one by one: events (name, start in us, self milliseconds) counted in the phase range
     (name, start us, end us) that holds their start -> {phase: {wall_ms (the range's length on the timeline
-    counted), device_ms, busy_share, kinds}} in the order the phases ran (a phase in several ranges: their sums)."""
+    counted), device_ms, busy_share, kinds}} in the order the phases ran (a phase in several ranges: their sums).
+    `timeline`: the events are a device's kernels, and each phase gets its `waits` too (the gaps inside its ranges)."""
     spans: dict[str, list[tuple[float, float]]] = {}
     for name, start, end in sorted(phases, key=lambda p: p[1]):
         spans.setdefault(name, []).append((start, end))
     out = {}
     for name, ranges in spans.items():
-        inside = [(n, ms) for n, t, ms in events if any(start <= t < end for start, end in ranges)]
-        s = summarise(inside, sum(end - start for start, end in ranges) / 1e3)
+        parts = [[e for e in events if start <= e[1] < end] for start, end in ranges]
+        s = summarise([(n, ms) for part in parts for n, _, ms in part], sum(end - start for start, end in ranges) / 1e3)
         out[name] = {k: s[k] for k in ("wall_ms", "device_ms", "busy_share", "kinds")}
+        if timeline:
+            out[name]["waits"] = waits([g for part in parts for g in gaps(part)])
     return out
+
+
+def gaps(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float]]:
+    """The device's waits on a timeline of kernels (name, start in us, milliseconds): (the name of the kernel a gap
+    ends at, that is what the device waited to start; the gap in milliseconds), in order. Kernels that overlap (on
+    other streams) close no gap."""
+    out, end = [], None
+    for name, start, ms in sorted(kernels, key=lambda k: k[1]):
+        if end is not None and start > end:
+            out.append((name, (start - end) / 1e3))
+        end = start + ms * 1e3 if end is None else max(end, start + ms * 1e3)
+    return out
+
+
+def waits(pauses: list[tuple[str, float]], top: int = 10) -> dict:
+    """`gaps`' pauses -> {ms: their sum, count, by_next: their milliseconds and count by the kernel each ends at,
+    the `top` largest sums first}."""
+    by_next: dict[str, list] = {}
+    for name, gap in pauses:
+        entry = by_next.setdefault(name, [0.0, 0])
+        entry[0], entry[1] = entry[0] + gap, entry[1] + 1
+    ranked = sorted(by_next.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"ms": round(sum(g for _, g in pauses), 1), "count": len(pauses),
+            "by_next": [{"name": n[:200], "ms": round(ms, 3), "count": c} for n, (ms, c) in ranked]}  # fmt: skip
 
 
 def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object, dict]:
@@ -100,7 +131,10 @@ def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object,
     phases = [(e.name.removeprefix("phase/"), e.time_range.start, e.time_range.end)
               for e in on_device if e.name.startswith("phase/")]  # fmt: skip
     summary = {"device": torch.cuda.get_device_name() if cuda else "cpu",
-               **summarise([(n, ms) for n, _, ms in events], wall_ms), "phases": by_phase(events, phases)}  # fmt: skip
+               **summarise([(n, ms) for n, _, ms in events], wall_ms),
+               "phases": by_phase(events, phases, timeline=cuda)}  # fmt: skip
+    if cuda:  # where the device waits, in the step and in each phase (a CPU's operators nest: no gaps to read)
+        summary["waits"] = waits(gaps(events))
     (out / "kernels.json").write_text(json.dumps(summary, indent=2))
     prof.export_chrome_trace(str(out / "trace.json"))
     with open(out / "trace.json", "rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
