@@ -37,10 +37,9 @@
 #   benchmarks/speed_gpu.sh OUT omni_decoders    # qwen3_omni_gspo, 16 image prompts x 8 generated 128 together,
 #                                                # through each of DECODERS="transformers compiled": goal 5
 #                                                # (OMNI_MICRO_BATCH=64 for 64 at a time)
-# SET="KEY=VALUE ..." adds overrides to profile_flux's and profile_kontext's run too (the ck4 stages' settings, say).
 # TINY=1 checks a stage on a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8,
-# qwen_goal1 and the fp8 stages: an H100 holds the Qwen-Image recipes' actor micro-batch of 16 in neither precision
-# (SET=actor.micro_batch_size=8).
+# qwen_goal1, the fp8 stages, profile_flux and profile_kontext: an H100 holds the Qwen-Image recipes' actor
+# micro-batch of 16 in neither precision (SET=actor.micro_batch_size=8); a profile at the ck4 stages' settings.
 set -uo pipefail
 out=$1
 shift

@@ -18,6 +18,7 @@ import gzip
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -99,13 +100,12 @@ def gaps(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float]]:
 def waits(pauses: list[tuple[str, float]], top: int = 10) -> dict:
     """`gaps`' pauses -> {ms: their sum, count, by_next: their milliseconds and count by the kernel each ends at,
     the `top` largest sums first}."""
-    by_next: dict[str, list] = {}
+    ms, count = Counter(), Counter()
     for name, gap in pauses:
-        entry = by_next.setdefault(name, [0.0, 0])
-        entry[0], entry[1] = entry[0] + gap, entry[1] + 1
-    ranked = sorted(by_next.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"ms": round(sum(g for _, g in pauses), 1), "count": len(pauses),
-            "by_next": [{"name": n[:200], "ms": round(ms, 3), "count": c} for n, (ms, c) in ranked]}  # fmt: skip
+        ms[name] += gap
+        count[name] += 1
+    by_next = [{"name": n[:200], "ms": round(t, 3), "count": count[n]} for n, t in ms.most_common(top)]
+    return {"ms": round(sum(g for _, g in pauses), 1), "count": len(pauses), "by_next": by_next}
 
 
 def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object, dict]:
