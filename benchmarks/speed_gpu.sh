@@ -37,7 +37,8 @@
 #   benchmarks/speed_gpu.sh OUT omni_decoders    # qwen3_omni_gspo, 16 image prompts x 8 generated 128 together,
 #                                                # through each of DECODERS="transformers compiled": goal 5
 #                                                # (OMNI_MICRO_BATCH=64 for 64 at a time)
-# TINY=1 checks a stage on a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8,
+# STEPS=N also sets the steps of profile_flux and profile_kontext (the last one is profiled). TINY=1 checks a stage on
+# a CPU with the tiny twins. SET="KEY=VALUE ..." adds overrides to the runs of qwen_fp8,
 # qwen_goal1, the fp8 stages, profile_flux and profile_kontext: an H100 holds the Qwen-Image recipes' actor
 # micro-batch of 16 in neither precision (SET=actor.micro_batch_size=8); a profile at the ck4 stages' settings.
 set -uo pipefail
@@ -119,10 +120,10 @@ for stage in "$@"; do
         bench recipe "${stage}_recipe" $r --prompts 2 --steps ${STEPS:-2} --set $fast
         ;;
     profile_flux)
-        bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/flux_profile" ${SET:+--set $SET}
+        bench recipe flux_profile flux_ocr_flowgrpo_lora --prompts 2 --steps ${STEPS:-2} --profile "$out/flux_profile" ${SET:+--set $SET}
         ;;
     profile_kontext)
-        bench recipe kontext_profile flux_kontext_edit_flowgrpo_lora --prompts 2 --steps 2 --profile "$out/kontext_profile" \
+        bench recipe kontext_profile flux_kontext_edit_flowgrpo_lora --prompts 2 --steps ${STEPS:-2} --profile "$out/kontext_profile" \
             ${SET:+--set $SET}
         ;;
     profile_edit)

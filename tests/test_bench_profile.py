@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from omnialign.bench.profile import by_phase, gaps, kind, profiled, summarise, waits
+from omnialign.bench.profile import by_phase, gaps, kind, launchers, profiled, summarise, waits
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -62,15 +62,29 @@ def test_phases_count_the_events_that_start_inside_them():
 def test_gaps_are_the_device_waits_between_kernels_and_waits_sum_them_by_the_next_kernel():
     # a 1 ms kernel at 0 ms, one on another stream inside it (no gap); 1.5 ms idle, a copy; 0.4 ms idle, a matmul
     # and one that starts as it ends (no gap); 1 ms idle, a third
-    kernels = [("mm", 3_000.0, 1.0), ("a", 0.0, 1.0), ("b", 200.0, 0.5), ("Memcpy HtoD", 3_000.0 - 500.0, 0.1),
-               ("mm", 5_000.0, 1.0), ("mm", 4_000.0, 0.0)]  # fmt: skip
-    assert [(n, round(g, 3)) for n, g in gaps(kernels)] == [("Memcpy HtoD", 1.5), ("mm", 0.4), ("mm", 1.0)]
+    kernels = [("mm", 3_000.0, 1.0, "x"), ("a", 0.0, 1.0, "x"), ("b", 200.0, 0.5, "x"),
+               ("Memcpy HtoD", 3_000.0 - 500.0, 0.1, "aten::to"), ("mm", 5_000.0, 1.0, "x"),
+               ("mm", 4_000.0, 0.0, "y")]  # fmt: skip
+    assert [(n, launched, round(g, 3)) for n, launched, g in gaps(kernels)] == [
+        ("Memcpy HtoD", "aten::to", 1.5), ("mm", "x", 0.4), ("mm", "x", 1.0)
+    ]  # fmt: skip
     w = waits(gaps(kernels))
     assert w["ms"] == 2.9 and w["count"] == 3
     assert w["by_next"] == [{"name": "Memcpy HtoD", "ms": 1.5, "count": 1}, {"name": "mm", "ms": 1.4, "count": 2}]
+    assert w["by_launcher"] == [{"name": "aten::to", "ms": 1.5, "count": 1}, {"name": "x", "ms": 1.4, "count": 2}]
     phases = by_phase(kernels, [("rollout", 0.0, 2_000.0), ("update", 2_000.0, 6_000.0)], timeline=True)
     assert phases["rollout"]["waits"]["count"] == 0  # the wait before the copy spans the two phases: in neither
     assert phases["update"]["waits"]["ms"] == 1.4  # the gaps between its own kernels
+
+
+def test_launchers_name_the_host_operators_around_a_launch_outermost_first():
+    x = torch.randn(8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("phase/update"):
+            x.to(torch.float64)
+    copy = next(e for e in prof.events() if e.name == "aten::copy_")
+    assert launchers(copy) == "aten::to > aten::_to_copy > aten::copy_"  # the phase's range is not a launcher
+    assert launchers(copy, depth=1) == "aten::to" and launchers(None) == "?"
 
 
 def test_profiled_step_writes_a_trace_and_its_kinds(tmp_path):
@@ -100,6 +114,8 @@ def test_profiled_step_writes_a_trace_and_its_kinds(tmp_path):
         assert max(phases["update"]["waits"]["by_next"], key=lambda w: w["ms"])["name"] in [
             t["name"] for t in summary["top"]
         ]
+        # the wait ends at the second product's kernel, launched by the matmul's host operators
+        assert max(phases["update"]["waits"]["by_launcher"], key=lambda w: w["ms"])["name"].startswith("aten::matmul")
     assert json.loads((tmp_path / "kernels.json").read_text()) == summary
     trace = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))
     assert any(e.get("name") == "phase/update" for e in trace["traceEvents"])

@@ -10,8 +10,8 @@ each with its milliseconds and share, the busy share of the step's wall time (th
 host: launches, syncs, Python), the 25 costliest kernels, under `phases` the same by trainer phase (rollout,
 update, ...), and on a GPU under `waits` (the step's and each phase's) the device's idle gaps between kernels summed
 by the kernel each gap ends at: what the device waited to start (a host-to-device copy after a sync, the first
-kernel after host work). A trace holds every kernel launch, so profile a small step (`--prompts 1` or 2): a
-full-size step of a minute makes a trace of gigabytes.
+kernel after host work), and by the host operators that launched it (`launchers`). A trace holds every kernel
+launch, so profile a small step (`--prompts 1` or 2): a full-size step of a minute makes a trace of gigabytes.
 """
 
 import gzip
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile
 
 # (kind, substrings of a kernel's or operator's lower-cased name), first match wins: attention before matmul (flash
@@ -68,44 +69,59 @@ def summarise(events: list[tuple[str, float]], wall_ms: float) -> dict:
 def by_phase(
     events: list[tuple[str, float, float]], phases: list[tuple[str, float, float]], timeline: bool = False
 ) -> dict:
-    """The trainer's phases one by one: events (name, start in us, self milliseconds) counted in the phase range
+    """The trainer's phases one by one: events (name, start in us, self milliseconds, ...) counted in the phase range
     (name, start us, end us) that holds their start -> {phase: {wall_ms (the range's length on the timeline
     counted), device_ms, busy_share, kinds}} in the order the phases ran (a phase in several ranges: their sums).
-    `timeline`: the events are a device's kernels, and each phase gets its `waits` too (the gaps inside its ranges)."""
+    `timeline`: the events are a device's kernels (`gaps`), and each phase gets its `waits` too (the gaps inside its
+    ranges)."""
     spans: dict[str, list[tuple[float, float]]] = {}
     for name, start, end in sorted(phases, key=lambda p: p[1]):
         spans.setdefault(name, []).append((start, end))
     out = {}
     for name, ranges in spans.items():
         parts = [[e for e in events if start <= e[1] < end] for start, end in ranges]
-        s = summarise([(n, ms) for part in parts for n, _, ms in part], sum(end - start for start, end in ranges) / 1e3)
+        s = summarise([(e[0], e[2]) for part in parts for e in part], sum(end - start for start, end in ranges) / 1e3)
         out[name] = {k: s[k] for k in ("wall_ms", "device_ms", "busy_share", "kinds")}
         if timeline:
             out[name]["waits"] = waits([g for part in parts for g in gaps(part)])
     return out
 
 
-def gaps(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float]]:
-    """The device's waits on a timeline of kernels (name, start in us, milliseconds): (the name of the kernel a gap
-    ends at, that is what the device waited to start; the gap in milliseconds), in order. Kernels that overlap (on
-    other streams) close no gap."""
+def gaps(kernels: list[tuple[str, float, float, str]]) -> list[tuple[str, str, float]]:
+    """The device's waits on a timeline of kernels (name, start in us, milliseconds, the host operators that launched
+    it): (the name of the kernel a gap ends at, that is what the device waited to start; its launchers; the gap in
+    milliseconds), in order. Kernels that overlap (on other streams) close no gap."""
     out, end = [], None
-    for name, start, ms in sorted(kernels, key=lambda k: k[1]):
+    for name, start, ms, launcher in sorted(kernels, key=lambda k: k[1]):
         if end is not None and start > end:
-            out.append((name, (start - end) / 1e3))
+            out.append((name, launcher, (start - end) / 1e3))
         end = start + ms * 1e3 if end is None else max(end, start + ms * 1e3)
     return out
 
 
-def waits(pauses: list[tuple[str, float]], top: int = 10) -> dict:
-    """`gaps`' pauses -> {ms: their sum, count, by_next: their milliseconds and count by the kernel each ends at,
-    the `top` largest sums first}."""
-    ms, count = Counter(), Counter()
-    for name, gap in pauses:
-        ms[name] += gap
-        count[name] += 1
-    by_next = [{"name": n[:200], "ms": round(t, 3), "count": count[n]} for n, t in ms.most_common(top)]
-    return {"ms": round(sum(g for _, g in pauses), 1), "count": len(pauses), "by_next": by_next}
+def waits(pauses: list[tuple[str, str, float]], top: int = 10) -> dict:
+    """`gaps`' pauses -> {ms: their sum, count, by_next: their milliseconds and count by the kernel each ends at, and
+    by_launcher the same by the host operators that launched that kernel, the `top` largest sums first}."""
+
+    def summed(key: int) -> list[dict]:
+        ms, count = Counter(), Counter()
+        for pause in pauses:
+            ms[pause[key]] += pause[2]
+            count[pause[key]] += 1
+        return [{"name": n[:200], "ms": round(t, 3), "count": count[n]} for n, t in ms.most_common(top)]
+
+    return {"ms": round(sum(p[2] for p in pauses), 1), "count": len(pauses), "by_next": summed(0),
+            "by_launcher": summed(1)}  # fmt: skip
+
+
+def launchers(op: FunctionEvent | None, depth: int = 3) -> str:
+    """The host operators around a kernel's launch, outermost first (`depth` of them, below the trainer's phase
+    range): "aten::to > aten::_to_copy > aten::copy_" names the host code a device waited for."""
+    names = []
+    while op is not None and not op.name.startswith("phase/"):
+        names.append(op.name)
+        op = op.cpu_parent
+    return " > ".join(names[::-1][:depth]) or "?"
 
 
 def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object, dict]:
@@ -125,13 +141,17 @@ def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object,
     # counted twice), the trainer's phase ranges left out
     device = DeviceType.CUDA if cuda else DeviceType.CPU
     on_device = [e for e in prof.events() if e.device_type == device]
-    events = [(e.name, e.time_range.start, (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3)
+    ops = {
+        e.id: e for e in prof.events() if e.device_type == DeviceType.CPU and not e.linked_correlation_id
+    }  # host ops
+    events = [(e.name, e.time_range.start, (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3,
+               launchers(ops.get(e.linked_correlation_id)))
               for e in on_device
               if not e.name.startswith("phase/") and not (cuda and e.is_user_annotation)]  # fmt: skip
     phases = [(e.name.removeprefix("phase/"), e.time_range.start, e.time_range.end)
               for e in on_device if e.name.startswith("phase/")]  # fmt: skip
     summary = {"device": torch.cuda.get_device_name() if cuda else "cpu",
-               **summarise([(n, ms) for n, _, ms in events], wall_ms),
+               **summarise([(n, ms) for n, _, ms, _ in events], wall_ms),
                "phases": by_phase(events, phases, timeline=cuda)}  # fmt: skip
     if cuda:  # where the device waits, in the step and in each phase (a CPU's operators nest: no gaps to read)
         summary["waits"] = waits(gaps(events))
