@@ -128,7 +128,9 @@ def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object,
     """Run `step()` under the profiler; write `out`/trace.json.gz and `out`/kernels.json (see the module docstring)
     and return (what the step returned, that summary). `cuda`: the step runs on the GPU, so its CUDA kernels are
     counted; otherwise its CPU operators (a tiny model on the CPU of a GPU machine launches no kernels)."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # CUDA's activity wherever there is a GPU, also for a step on its CPU: once a process has profiled without it,
+    # its later profiles see no kernels (pytorch/pytorch#197005)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()
         result = step()
@@ -141,11 +143,13 @@ def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object,
     # counted twice), the trainer's phase ranges left out
     device = DeviceType.CUDA if cuda else DeviceType.CPU
     on_device = [e for e in prof.events() if e.device_type == device]
-    ops = {
-        e.id: e for e in prof.events() if e.device_type == DeviceType.CPU and not e.linked_correlation_id
-    }  # host ops
+    # each kernel's launching host operator: the kernel's raw event links to the operator's correlation id (the
+    # FunctionEvent of torch < 2.13 does not keep the link), found by (name, start in ns from the trace's start)
+    raw = prof.profiler.kineto_results
+    links = {(k.name(), k.start_ns() - raw.trace_start_ns()): k.linked_correlation_id() for k in raw.events()}
+    ops = {e.id: e for e in prof.events() if e.device_type == DeviceType.CPU and e.kernels}
     events = [(e.name, e.time_range.start, (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3,
-               launchers(ops.get(e.linked_correlation_id)))
+               launchers(ops.get(links.get((e.name, round(e.time_range.start * 1e3))))))
               for e in on_device
               if not e.name.startswith("phase/") and not (cuda and e.is_user_annotation)]  # fmt: skip
     phases = [(e.name.removeprefix("phase/"), e.time_range.start, e.time_range.end)
