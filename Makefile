@@ -34,7 +34,7 @@ test-slow: $(VENV)/.installed
 # Together the parts are every GPU test (tests/test_gpu_parts.py fails on a GPU test that no part selects). Phase 2
 # prints each test's output (peak memory, log-prob gaps) and every phase of a test that took over 5 s.
 GPU_WORKERS ?= 8
-PART_cuda = flash_decode or fused_draw or bf16_head or compiled_step or full_width or test_on_cuda or cuda_graph_replay or attention_reach or validation_draws or wan21 or wan22
+PART_cuda = noise_on_cuda or flash_decode or fused_draw or bf16_head or compiled_step or full_width or test_on_cuda or cuda_graph_replay or attention_reach or validation_draws or wan21 or wan22
 PART_sd35 = sd35 or qwen3_omni or gspo or deterministic or tiny_thinker or (compiled and not compiled_step)
 PART_qwen_flux = qwen_image or (flux and not flux2)
 PART_flux2 = flux2 or zimage or ltx2

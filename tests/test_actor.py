@@ -159,6 +159,27 @@ def test_configs_staging_cannot_serve_are_rejected():
         validate(apply_overrides(RECIPES["debug"](), ["actor.timestep_staging=true", "engine.cpu_offload=true"]))
 
 
+def test_the_rollout_encodes_each_groups_prompt_once():
+    """A group's samples share their prompt: `generate` encodes it once (here 2 prompts for 8 samples, in chunks of
+    3 that split the groups): every sample of a group has the same conditions, its prompt's (as encoded alone, up to
+    the float rounding that a batch of another size gives)."""
+    config = validate(apply_overrides(RECIPES["debug"](), ["rollout.window_size=2", "rollout.micro_batch_size=3"]))
+    policy, prompts = glyphs.load(), ["1"] * 4 + ["7"] * 4
+    encoded, encode = [], policy.encode_prompts
+
+    def counted(batch, sources=None):
+        encoded.extend(batch)
+        return encode(batch, sources)
+
+    policy.encode_prompts = counted
+    traj, _ = generate(policy, prompts, torch.arange(2).repeat_interleave(4), torch.arange(8) + 5, config.rollout,
+                       torch.device("cpu"))  # fmt: skip
+    assert encoded == ["1", "7"]
+    for key, value in traj.cond.items():
+        assert all(torch.equal(value[i], value[4 * (i // 4)]) for i in range(8)), key
+        torch.testing.assert_close(value, torch.cat([encode([p])[key] for p in prompts]), rtol=0, atol=1e-5)
+
+
 def test_shared_init_noise_starts_each_group_from_one_noise():
     """rollout.shared_init_noise (DanceGRPO's init_same_noise): the samples of a group start from the same noise,
     other groups from another, and their SDE steps still make them differ; off, every sample starts from its own."""

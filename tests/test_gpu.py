@@ -20,6 +20,7 @@ from omnialign.bench.language import language_trainer
 from omnialign.bench.models import SD35, wan_tokens
 from omnialign.bench.recipe import recipe_trainer
 from omnialign.config import apply_overrides, training_batch, validate
+from omnialign.diffusion.sampling import per_sample_noise
 from omnialign.engine import dist, optim
 from omnialign.metrics import read_metrics, without_timing
 from omnialign.models import LOADERS
@@ -89,6 +90,22 @@ def assert_stepped(net: torch.nn.Module, before: dict, metrics: dict[str, torch.
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"peak {peak:.1f} GiB", {k: round(float(v), 6) for k, v in metrics.items() if k.startswith("actor/")})
     assert peak < CARD_GB
+
+
+def test_noise_on_cuda_is_the_hosts_draw_bit_for_bit():
+    """`per_sample_noise` copies to the card from pinned memory without waiting for the queued work: what lands is
+    still each generator's host draw, also when each copy is queued behind a long product and the host draws the
+    next one before it ran."""
+    shape, seeds = (16, 64, 64), range(4)
+    host = [per_sample_noise([torch.Generator().manual_seed(s + k) for s in seeds], shape) for k in range(3)]
+    generators = [[torch.Generator().manual_seed(s + k) for s in seeds] for k in range(3)]
+    a = torch.randn(8192, 8192, device="cuda")
+    drawn = []
+    for g in generators:
+        a = a @ a / 100  # queued ahead of the copy
+        drawn.append(per_sample_noise(g, shape, torch.device("cuda")))
+    for h, d in zip(host, drawn):
+        assert torch.equal(d.cpu(), h)
 
 
 def test_validation_draws_the_same_images_on_cpu_and_gpu():

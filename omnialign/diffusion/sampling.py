@@ -47,8 +47,12 @@ def per_sample_noise(
     generators: list[torch.Generator], shape: tuple[int, ...], device: torch.device | None = None
 ) -> torch.Tensor:
     """Standard normal noise (len(generators), *shape) in float32 on `device`, row i drawn from the host
-    generator generators[i]."""
-    return torch.stack([torch.randn(shape, generator=g) for g in generators]).to(device)
+    generator generators[i]. To a GPU it goes from pinned memory without waiting for the queued work, so the
+    host draws the next step's noise while the device computes."""
+    noise = torch.stack([torch.randn(shape, generator=g) for g in generators])
+    if device is not None and torch.device(device).type == "cuda":
+        return noise.pin_memory().to(device, non_blocking=True)
+    return noise.to(device)
 
 
 class Sampled(NamedTuple):
@@ -87,15 +91,17 @@ def sample(
     batch = len(generators)
     x = per_sample_noise(generators, latent_shape, device) if initial is None else initial.to(device)
     starts = torch.zeros(batch, dtype=torch.long) if starts is None else starts
-    in_window = [(starts <= k) & (k < starts + window) for k in range(len(sigmas) - 1)]
+    steps = torch.arange(len(sigmas) - 1)[:, None]
+    in_window = ((starts <= steps) & (steps < starts + window)).to(device)  # (N, B), moved once: no copy per step
+    on_device = sigmas.to(device)
     latents, log_probs, means = [x], [], []
     for k in range(len(sigmas) - 1):
-        sigma, sigma_next = sigmas[k].expand(batch).to(device), sigmas[k + 1].expand(batch).to(device)
+        sigma, sigma_next = on_device[k].expand(batch), on_device[k + 1].expand(batch)
         scale = guidance(sigma) if callable(guidance) else guidance
         v = guided_velocity(velocity_fn, x, sigma, cond, uncond, scale, cfg_rescale)
         if window:
             noise = per_sample_noise(generators, latent_shape, device)
-            tr = sde.transition(kind, v, x, sigma, sigma_next, eta * in_window[k].to(device), noise=noise)
+            tr = sde.transition(kind, v, x, sigma, sigma_next, eta * in_window[k], noise=noise)
             log_probs.append(tr.log_prob)
             means.append(tr.mean)
         else:
@@ -112,5 +118,5 @@ def sample(
         latents=torch.stack(latents, 1)[rows, index],
         log_probs=torch.stack(log_probs, 1)[rows, index[:, :-1]],
         means=torch.stack(means, 1)[rows, index[:, :-1]],
-        sigmas=sigmas.to(device)[index],
+        sigmas=on_device[index],
     )

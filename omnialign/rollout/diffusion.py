@@ -111,6 +111,28 @@ def _conditions(
     return policy.encode_prompts(prompts, sources), uncond
 
 
+def group_conditions(
+    policy: DiffusionPolicy,
+    prompts: list[str],
+    sources: list[list[torch.Tensor]] | None,
+    group: torch.Tensor,
+    config: RolloutConfig,
+) -> tuple[TensorDict, TensorDict | None, torch.Tensor]:
+    """The conditions of each group (and the negative ones), encoded once for all its samples, which share their
+    prompt and sources (a group is one prompt's samples), `config.micro_batch_size` groups at a time, with each
+    sample's row in them (B,) on their device."""
+    ids = group.tolist()
+    row = {g: k for k, g in enumerate(dict.fromkeys(ids))}  # each group's row, in order of first appearance
+    heads = [ids.index(g) for g in row]  # each group's first sample
+    parts = [
+        _conditions(policy, [prompts[i] for i in chunk], sources and [sources[i] for i in chunk], config)
+        for chunk in (heads[lo : lo + config.micro_batch_size] for lo in range(0, len(heads), config.micro_batch_size))
+    ]
+    cond = torch.cat([c for c, _ in parts])
+    uncond = None if parts[0][1] is None else torch.cat([u for _, u in parts])
+    return cond, uncond, torch.tensor([row[g] for g in ids], device=cond.device)
+
+
 @torch.no_grad()
 def generate(
     policy: DiffusionPolicy,
@@ -132,7 +154,8 @@ def generate(
     With `config.window_size=0` the whole path is the ODE and only the clean samples are kept.
     `on_chunk(images, rows)` runs as soon as a chunk is decoded (to score it while the next one
     is generated). An editing model takes each sample's source images `sources` (B lists of (C, H, W) in
-    [0, 1]). The trajectory stays on `device`.
+    [0, 1]). The samples of a group share their prompt and sources, whose conditions are encoded once
+    (`group_conditions`). The trajectory stays on `device`.
     """
     sigmas = policy.schedule(config.steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
@@ -141,10 +164,11 @@ def generate(
         first = {g: i for i, g in reversed(list(enumerate(group.tolist())))}
         init_seeds = seeds[[first[g] for g in group.tolist()]] + SHARED_INIT_OFFSET
     parts, images, velocity = [], [], rollout_velocity(policy, config)
+    conds, unconds, rows = group_conditions(policy, prompts, sources, group, config)
     chunks = range(0, len(prompts), config.micro_batch_size)
     for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
         sl = slice(lo, lo + config.micro_batch_size)
-        cond, uncond = _conditions(policy, prompts[sl], sources and sources[sl], config)
+        cond, uncond = conds[rows[sl]], None if unconds is None else unconds[rows[sl]]
         out = sample(
             velocity, _generators(seeds[sl]), shape, sigmas, cond, uncond,
             guidance=lambda sigma: step_guidance(policy, sigma, config), cfg_rescale=config.cfg_rescale,
