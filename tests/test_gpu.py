@@ -20,7 +20,8 @@ from omnialign.bench.language import language_trainer
 from omnialign.bench.models import SD35, wan_tokens
 from omnialign.bench.recipe import recipe_trainer
 from omnialign.config import apply_overrides, training_batch, validate
-from omnialign.diffusion.sampling import per_sample_noise
+from omnialign.diffusion import sde
+from omnialign.diffusion.sampling import per_sample_noise, sample
 from omnialign.engine import dist, optim
 from omnialign.metrics import read_metrics, without_timing
 from omnialign.models import LOADERS
@@ -106,6 +107,28 @@ def test_noise_on_cuda_is_the_hosts_draw_bit_for_bit():
         drawn.append(per_sample_noise(g, shape, torch.device("cuda")))
     for h, d in zip(host, drawn):
         assert torch.equal(d.cpu(), h)
+
+
+def test_noise_on_cuda_and_every_sampler_step_without_a_host_sync():
+    """The SDE sampler copies nothing to the card that waits for it (sigmas, window, noise, window indices), nor
+    does the update's replay of a transition (its eta a float): with CUDA's sync debug mode at "error" a pageable
+    copy or a read back would raise. The velocity here is a product on the card, so the host runs ahead of it."""
+    device, shape, batch = torch.device("cuda"), (16, 64, 64), 4
+    w = torch.randn(64, 64, device=device) / 8
+    cond = TensorDict(scale=torch.ones(batch, device=device), batch_size=[batch])
+    sigmas = torch.linspace(1, 0, 7)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = sample(lambda x, sigma, c: (x @ w) * c["scale"].view(-1, 1, 1, 1), [torch.Generator().manual_seed(s)
+                     for s in range(batch)], shape, sigmas, cond, eta=0.9, starts=torch.tensor([0, 1, 2, 3]),
+                     window=2, device=device)  # fmt: skip
+        x, x_next = out.latents[:, 0], out.latents[:, 1]  # the update's replay: eta a float, x' given
+        replayed = sde.transition("sde", (x @ w), x, out.sigmas[:, 0], out.sigmas[:, 1], 0.9, sample=x_next)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.log_probs.shape == (batch, 2) and torch.isfinite(out.log_probs).all()
+    torch.testing.assert_close(replayed.log_prob, out.log_probs[:, 0], rtol=0, atol=1e-5)
+    assert torch.equal(out.sigmas.cpu(), sigmas[torch.tensor([0, 1, 2, 3])[:, None] + torch.arange(3)])
 
 
 def test_validation_draws_the_same_images_on_cpu_and_gpu():

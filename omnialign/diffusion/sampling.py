@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from omnialign.diffusion import sde
+from omnialign.engine.stage import to_device
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor, TensorDict], torch.Tensor]
 Guidance = float | torch.Tensor
@@ -47,12 +48,9 @@ def per_sample_noise(
     generators: list[torch.Generator], shape: tuple[int, ...], device: torch.device | None = None
 ) -> torch.Tensor:
     """Standard normal noise (len(generators), *shape) in float32 on `device`, row i drawn from the host
-    generator generators[i]. To a GPU it goes from pinned memory without waiting for the queued work, so the
-    host draws the next step's noise while the device computes."""
-    noise = torch.stack([torch.randn(shape, generator=g) for g in generators])
-    if device is not None and torch.device(device).type == "cuda":
-        return noise.pin_memory().to(device, non_blocking=True)
-    return noise.to(device)
+    generator generators[i]. It goes to a GPU without waiting for the queued work (`to_device`), so the host draws
+    the next step's noise while the device computes."""
+    return to_device(torch.stack([torch.randn(shape, generator=g) for g in generators]), device)
 
 
 class Sampled(NamedTuple):
@@ -92,8 +90,9 @@ def sample(
     x = per_sample_noise(generators, latent_shape, device) if initial is None else initial.to(device)
     starts = torch.zeros(batch, dtype=torch.long) if starts is None else starts
     steps = torch.arange(len(sigmas) - 1)[:, None]
-    in_window = ((starts <= steps) & (steps < starts + window)).to(device)  # (N, B), moved once: no copy per step
-    on_device = sigmas.to(device)
+    in_window = to_device((starts <= steps) & (steps < starts + window), device)  # (N, B)
+    on_device = to_device(sigmas, device)
+    index = to_device(starts.unsqueeze(1) + torch.arange(window + 1), device)  # (B, W+1): each sample's window
     latents, log_probs, means = [x], [], []
     for k in range(len(sigmas) - 1):
         sigma, sigma_next = on_device[k].expand(batch), on_device[k + 1].expand(batch)
@@ -111,7 +110,6 @@ def sample(
     if not window:
         empty = x.new_zeros(batch, 0)
         return Sampled(x, empty, empty, empty, empty)
-    index = (starts.unsqueeze(1) + torch.arange(window + 1)).to(device)  # (B, W+1)
     rows = torch.arange(batch, device=device).unsqueeze(1)
     return Sampled(
         final=x,

@@ -84,9 +84,11 @@ class Transition(NamedTuple):
 
 
 def _per_sample(value: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
-    """A scalar or (B,) tensor as float32 of shape (B, 1, ..., 1) broadcastable against `like`."""
-    value = torch.as_tensor(value, dtype=torch.float32, device=like.device)
-    return value.reshape(-1, *([1] * (like.dim() - 1)))
+    """A scalar or (B,) tensor as float32 of shape (B, 1, ..., 1) broadcastable against `like`. A Python scalar is
+    filled in on the device: copied from the host, it would wait for the device's queued work."""
+    if not isinstance(value, torch.Tensor):
+        return torch.full([1] * like.dim(), value, dtype=torch.float32, device=like.device)
+    return value.to(like.device, torch.float32).reshape(-1, *([1] * (like.dim() - 1)))
 
 
 def _gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

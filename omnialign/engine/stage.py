@@ -1,4 +1,5 @@
-"""Host-to-device staging of trajectory inputs, with an optional prefetch on a side stream.
+"""Host-to-device staging of trajectory inputs, with an optional prefetch on a side stream, and `to_device`: a host
+tensor to a GPU without waiting for the queued work.
 
 `Stager.resident` copies a micro-batch's per-sample fields once; `Stager.steps` yields each
 step's inputs on the device just in time. With `prefetch` (CUDA only), step k+1's inputs are
@@ -10,6 +11,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+
+def to_device(value: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """`value` on `device`; a host tensor goes to a GPU from pinned memory without waiting. A copy from pageable
+    memory first waits for all the work queued on the device, so the host could not run ahead of it: in a loop that
+    copies every step, the device would then wait for each step's launches."""
+    if device is not None and torch.device(device).type == "cuda" and value.device.type == "cpu":
+        return value.pin_memory().to(device, non_blocking=True)
+    return value.to(device)
 
 
 class Stager:

@@ -10,6 +10,7 @@ from omnialign.batch import Trajectory
 from omnialign.config import RolloutConfig
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import Guidance, VelocityFn, per_sample_noise, sample
+from omnialign.engine.stage import to_device
 from omnialign.models.base import DiffusionPolicy
 from omnialign.models.flux2 import Flux2Policy
 from omnialign.models.wan import WanPolicy
@@ -130,7 +131,7 @@ def group_conditions(
     ]
     cond = torch.cat([c for c, _ in parts])
     uncond = None if parts[0][1] is None else torch.cat([u for _, u in parts])
-    return cond, uncond, torch.tensor([row[g] for g in ids], device=cond.device)
+    return cond, uncond, to_device(torch.tensor([row[g] for g in ids]), cond.device)
 
 
 @torch.no_grad()
@@ -187,8 +188,8 @@ def generate(
                 sigmas=out.sigmas,
                 cond=cond,
                 uncond=uncond,
-                group=group[sl].to(device),
-                seeds=seeds[sl].to(device),
+                group=to_device(group[sl], device),
+                seeds=to_device(seeds[sl], device),
                 batch_size=[len(out.final)],
             )  # fmt: skip
         )

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from omnialign.config import ActorConfig
 from omnialign.engine import optim
-from omnialign.engine.stage import Stager
+from omnialign.engine.stage import Stager, to_device
 
 Inputs = dict[str, Any]  # name -> (b, ...) tensor or TensorDict for one micro-batch and step
 StepFn = Callable[[Inputs], tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]]
@@ -120,9 +120,10 @@ def _run(
     """Feed `objective` micro-batch by micro-batch (in `order`) and step by step to `step_fn`."""
     steps = steps_of(batch, objective)
     stager = Stager(device, prefetch) if stage else None
+    order = to_device(order, batch.device)  # once, without waiting: micro-batches index the batch where it lives
     for lo in range(0, len(order), micro_batch_size):
         index = order[lo : lo + micro_batch_size]
-        micro = batch[index.to(batch.device)]
+        micro = batch[index]
         if stager is None:
             micro = micro.to(device)  # a no-op where the batch already lives on the device
         resident = {name: getattr(micro, name) for name in objective.resident}
