@@ -16,6 +16,7 @@ from omnialign.batch import Branched, Trajectory
 from omnialign.config import RolloutConfig, branch_steps, leaves_per_sample, tree_leaves, tree_widths
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import guided_velocity, per_sample_noise
+from omnialign.engine.stage import to_device
 from omnialign.models.base import DiffusionPolicy
 from omnialign.rollout.diffusion import _conditions, _generators, rollout_velocity, step_guidance
 
@@ -98,6 +99,7 @@ def generate_tempflow(
     sigmas = policy.schedule(config.steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
     steps, per = branch_steps(config), leaves_per_sample(config)
+    on_device = to_device(sigmas, device)
     parts, images = [], []
     chunks = range(0, len(prompts), config.micro_batch_size)
     for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
@@ -113,7 +115,7 @@ def generate_tempflow(
             keep_trunk = k <= max(steps)
             x = torch.cat([trunk, tails]) if keep_trunk else tails
             who = torch.cat([trunk_ids, owner]) if keep_trunk else owner
-            sigma, sigma_next = sigmas[k].expand(len(x)).to(device), sigmas[k + 1].expand(len(x)).to(device)
+            sigma, sigma_next = on_device[k].expand(len(x)), on_device[k + 1].expand(len(x))
             v = _velocity(policy, x, sigma, cond, uncond, who, config)
             x = sde.transition("ode", v, x, sigma, sigma_next, 0.0).sample
             if not keep_trunk:
@@ -137,7 +139,7 @@ def generate_tempflow(
         on_chunk(decoded, slice(lo * per, lo * per + len(decoded)))
         stacked = {key: torch.stack(value).flatten(0, 1)[order] for key, value in rows.items()}
         trunk_of = torch.arange(m, device=device).repeat_interleave(per)
-        step_sigmas = torch.stack([sigmas[steps], sigmas[[k + 1 for k in steps]]], 1).to(device)  # (S, 2)
+        step_sigmas = to_device(torch.stack([sigmas[steps], sigmas[[k + 1 for k in steps]]], 1), device)  # (S, 2)
         step_of = torch.arange(len(steps), device=device).repeat_interleave(config.branches).repeat(m)
         parts.append(
             (
@@ -148,8 +150,8 @@ def generate_tempflow(
                     trunk_of,
                     cond,
                     uncond,
-                    group[sl].to(device),
-                    seeds[sl].to(device),
+                    to_device(group[sl], device),
+                    to_device(seeds[sl], device),
                 ),  # fmt: skip
                 (lo + trunk_of) * len(steps) + step_of,
                 stacked["std"],
@@ -188,7 +190,7 @@ def generate_tree(
     sigmas = policy.schedule(config.steps, config.height, config.width)
     shape = policy.latent_shape(config.height, config.width)
     per, splits, widths = tree_leaves(config), set(config.split_steps), tree_widths(config)
-    step_sigmas = torch.stack([sigmas[:-1], sigmas[1:]], 1).to(device)  # (S, 2)
+    step_sigmas = to_device(torch.stack([sigmas[:-1], sigmas[1:]], 1), device)  # (S, 2)
     step_of = torch.arange(config.steps, device=device).repeat_interleave(torch.tensor(widths, device=device))  # (E,)
     below = per // torch.tensor(widths, device=device)[step_of]  # (E,): the leaves below each row's child
     first = torch.cat([torch.arange(w, device=device) for w in widths]) * below  # (E,): the first of them
@@ -203,7 +205,7 @@ def generate_tree(
         rows: dict[str, list[torch.Tensor]] = {"x": [], "x_next": [], "mean": [], "log_prob": [], "std": []}
         for k in range(config.steps):
             owner = torch.arange(m, device=device).repeat_interleave(width)
-            v = _velocity(policy, x, sigmas[k].expand(len(x)).to(device), cond, uncond, owner, config)
+            v = _velocity(policy, x, step_sigmas[k, 0].expand(len(x)), cond, uncond, owner, config)
             f = config.split_factor if k in splits else 1
             x, v, width = x.repeat_interleave(f, 0), v.repeat_interleave(f, 0), width * f
             noise = torch.stack([per_sample_noise(generators, shape, device) for _ in range(width)], 1).flatten(0, 1)
@@ -228,8 +230,8 @@ def generate_tree(
                     tree_of,
                     cond,
                     uncond,
-                    group[sl].to(device),
-                    seeds[sl].to(device),
+                    to_device(group[sl], device),
+                    to_device(seeds[sl], device),
                 ),  # fmt: skip
                 torch.stack([leaf, leaf + below.repeat(m)], 1) + lo * per,
                 stacked["std"],
