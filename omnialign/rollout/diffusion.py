@@ -112,6 +112,14 @@ def _conditions(
     return policy.encode_prompts(prompts, sources), uncond
 
 
+def group_heads(group: torch.Tensor) -> dict[int, int]:
+    """Each group's first sample: {group id: its index}, in order of first appearance."""
+    first: dict[int, int] = {}
+    for i, g in enumerate(group.tolist()):
+        first.setdefault(g, i)
+    return first
+
+
 def group_conditions(
     policy: DiffusionPolicy,
     prompts: list[str],
@@ -122,16 +130,16 @@ def group_conditions(
     """The conditions of each group (and the negative ones), encoded once for all its samples, which share their
     prompt and sources (a group is one prompt's samples), `config.micro_batch_size` groups at a time, with each
     sample's row in them (B,) on their device."""
-    ids = group.tolist()
-    row = {g: k for k, g in enumerate(dict.fromkeys(ids))}  # each group's row, in order of first appearance
-    heads = [ids.index(g) for g in row]  # each group's first sample
+    first = group_heads(group)
+    heads = list(first.values())
     parts = [
         _conditions(policy, [prompts[i] for i in chunk], sources and [sources[i] for i in chunk], config)
         for chunk in (heads[lo : lo + config.micro_batch_size] for lo in range(0, len(heads), config.micro_batch_size))
     ]
     cond = torch.cat([c for c, _ in parts])
     uncond = None if parts[0][1] is None else torch.cat([u for _, u in parts])
-    return cond, uncond, to_device(torch.tensor([row[g] for g in ids]), cond.device)
+    row = {g: k for k, g in enumerate(first)}  # each group's row in the conditions
+    return cond, uncond, to_device(torch.tensor([row[g] for g in group.tolist()]), cond.device)
 
 
 @torch.no_grad()
@@ -162,7 +170,7 @@ def generate(
     shape = policy.latent_shape(config.height, config.width)
     starts = window_starts(seeds, config, step, seed)
     if config.shared_init_noise:  # DanceGRPO: a group starts from one noise, drawn from its first sample's seed
-        first = {g: i for i, g in reversed(list(enumerate(group.tolist())))}
+        first = group_heads(group)
         init_seeds = seeds[[first[g] for g in group.tolist()]] + SHARED_INIT_OFFSET
     parts, images, velocity = [], [], rollout_velocity(policy, config)
     conds, unconds, rows = group_conditions(policy, prompts, sources, group, config)
