@@ -191,8 +191,9 @@ def generate_tree(
     shape = policy.latent_shape(config.height, config.width)
     per, splits, widths = tree_leaves(config), set(config.split_steps), tree_widths(config)
     step_sigmas = to_device(torch.stack([sigmas[:-1], sigmas[1:]], 1), device)  # (S, 2)
-    step_of = torch.arange(config.steps, device=device).repeat_interleave(torch.tensor(widths, device=device))  # (E,)
-    below = per // torch.tensor(widths, device=device)[step_of]  # (E,): the leaves below each row's child
+    width_of = to_device(torch.tensor(widths), device)  # (S,): the nodes at each step
+    step_of = torch.arange(config.steps, device=device).repeat_interleave(width_of)  # (E,)
+    below = per // width_of[step_of]  # (E,): the leaves below each row's child
     first = torch.cat([torch.arange(w, device=device) for w in widths]) * below  # (E,): the first of them
     parts, images = [], []
     chunks = range(0, len(prompts), config.micro_batch_size)
