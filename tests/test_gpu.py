@@ -19,12 +19,12 @@ from torch.distributed.tensor import DTensor
 from omnialign.bench.language import language_trainer
 from omnialign.bench.models import SD35, wan_tokens
 from omnialign.bench.recipe import recipe_trainer
-from omnialign.config import apply_overrides, training_batch, validate
+from omnialign.config import ModelConfig, apply_overrides, training_batch, validate
 from omnialign.diffusion import sde
 from omnialign.diffusion.sampling import per_sample_noise, sample
 from omnialign.engine import dist, optim
 from omnialign.metrics import read_metrics, without_timing
-from omnialign.models import LOADERS
+from omnialign.models import LOADERS, tiny
 from omnialign.recipes import RECIPES
 from omnialign.recipes.wan import A14B_BOUNDARY
 from omnialign.trainer import actor
@@ -129,6 +129,34 @@ def test_noise_on_cuda_and_every_sampler_step_without_a_host_sync():
     assert out.log_probs.shape == (batch, 2) and torch.isfinite(out.log_probs).all()
     torch.testing.assert_close(replayed.log_prob, out.log_probs[:, 0], rtol=0, atol=1e-5)
     assert torch.equal(out.sigmas.cpu(), sigmas[torch.tensor([0, 1, 2, 3])[:, None] + torch.arange(3)])
+
+
+@pytest.mark.parametrize("arch", ["qwen_image", "flux_kontext", "wan21"])
+def test_transformer_forward_and_backward_without_a_host_sync(arch, tmp_path):
+    """A velocity and its backward, on the tiny twins of the models of issue 32's MFU goal, copy nothing to the card
+    that waits for it and read nothing back (CUDA's sync debug mode at "error" raises), so the host runs ahead of the
+    card through the denoising steps and the update's micro-batches. Qwen-Image's needs `qwen_image.text_lengths`:
+    diffusers' copies the text length to the card in every forward."""
+    build = {"qwen_image": tiny.qwen_image, "flux_kontext": tiny.flux_kontext, "wan21": tiny.wan}[arch]
+    name = arch.removesuffix("21")
+    device = torch.device("cuda")
+    policy = LOADERS[name](ModelConfig(arch=name, path=str(build(tmp_path / arch)))).to(device)
+    policy.transformer.to(device)
+    sources = [[torch.rand(3, 32, 32)], [torch.rand(3, 32, 32)]] if policy.edits else None
+    cond = policy.encode_prompts(["a red cat", 'a sign that says "OPEN"'], sources)
+    latents = torch.randn(2, *policy.latent_shape(32, 32), device=device)
+    sigma = torch.tensor([0.9, 0.4], device=device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            policy.velocity(latents, sigma, cond)  # the rollout's
+        v = policy.velocity(latents, sigma, cond)  # the update's
+        v.float().square().mean().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert v.shape == latents.shape and torch.isfinite(v).all()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.transformer.parameters())  # it ran
 
 
 def test_validation_draws_the_same_images_on_cpu_and_gpu():

@@ -105,6 +105,28 @@ def test_the_rotary_embedding_in_real_arithmetic_gives_the_complex_multiplys_bit
         assert not torch.equal(policy.velocity(latents, sigma, cond), complex_v)  # the rotary reaches the attention
 
 
+def test_the_text_lengths_without_a_host_copy_are_diffusers_values(policy, monkeypatch):
+    """`qwen_image.text_lengths` (installed in diffusers on import) returns what diffusers' function does, a row
+    with no valid token included, and the velocity is the same bit for bit (GPU: `test_gpu.py`'s forward without a
+    host sync)."""
+    assert transformer_qwenimage.compute_text_seq_len_from_mask is qwen_image.text_lengths
+    text = torch.randn(3, 5, 4)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 1, 0]])
+    (length, lengths, bools), (stock_length, stock_lengths, stock_bools) = (
+        f(text, mask) for f in (qwen_image.text_lengths, qwen_image.library_text_lengths)
+    )
+    assert length == stock_length == 5 and lengths.tolist() == stock_lengths.tolist() == [2, 5, 4]
+    assert lengths.dtype == stock_lengths.dtype and torch.equal(bools, stock_bools) and bools.dtype == torch.bool
+    assert qwen_image.text_lengths(text, None) == qwen_image.library_text_lengths(text, None)
+    cond = policy.encode_prompts(PROMPTS)
+    torch.manual_seed(0)
+    latents, sigma = torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)), torch.tensor([0.93, 0.41])
+    with torch.no_grad():
+        ours = policy.velocity(latents, sigma, cond)
+        monkeypatch.setattr(transformer_qwenimage, "compute_text_seq_len_from_mask", qwen_image.library_text_lengths)
+        assert torch.equal(ours, policy.velocity(latents, sigma, cond))
+
+
 def test_the_vae_runs_an_image_through_2d_convolutions_with_the_3d_ones_sums(policy, monkeypatch):
     """`qwen_image.one_frame_conv` (installed in diffusers on import) decodes and encodes an image as diffusers' causal
     3D convolutions do, to float32 rounding; a two-frame video takes diffusers' own path, bit for bit."""

@@ -17,6 +17,8 @@ Everything mirrors `diffusers.QwenImagePipeline` exactly (a test samples with bo
   (`real_rotary`, installed in diffusers on import): the same bits, and compiled into the blocks' graphs.
 - the VAE's causal 3D convolutions run an image (one frame, no cache) as 2D convolutions with their kernels' last
   time slice (`one_frame_conv`, installed in diffusers on import): the same sums, without the two frames of zeros.
+- the text mask reaches the transformer's attention without a host sync per forward (`text_lengths`, installed in
+  diffusers on import): diffusers' version copies a length to the card, which waits for the card's queued work.
 """
 
 from pathlib import Path
@@ -95,6 +97,26 @@ def one_frame_conv(
 
 
 autoencoder_kl_qwenimage.QwenImageCausalConv3d.forward = one_frame_conv  # every Qwen-Image VAE: images are one frame
+
+library_text_lengths = transformer_qwenimage.compute_text_seq_len_from_mask
+
+
+def text_lengths(
+    encoder_hidden_states: torch.Tensor, encoder_hidden_states_mask: torch.Tensor | None
+) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+    """diffusers' `compute_text_seq_len_from_mask` for text (B, S, D) and its mask (B, S): the text length S for the
+    rotary, each row's last valid position + 1 (S for a row with none), the mask as bool. diffusers copies S to the
+    card for the rows with none, a copy from pageable memory that waits for all the card's queued work, once per
+    transformer forward; here S is a Python scalar, which the kernel takes as an argument: the same values."""
+    length = encoder_hidden_states.shape[1]
+    if encoder_hidden_states_mask is None:
+        return length, None, None
+    mask = encoder_hidden_states_mask.bool()
+    last = torch.where(mask, torch.arange(length, device=mask.device), 0).amax(1) + 1
+    return length, torch.where(mask.any(1), last, length), mask
+
+
+transformer_qwenimage.compute_text_seq_len_from_mask = text_lengths  # the transformer's forward looks it up per call
 
 
 class QwenImagePolicy:
