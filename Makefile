@@ -31,6 +31,8 @@ test-slow: $(VENV)/.installed
 # takes K, a pytest -k expression, or PART, one of four named parts (on one H100: cuda 5:00, sd35 7:35, qwen_flux
 # 3:40, flux2 1:53 with its two H200-sized tests skipped; each under 4 minutes on one H200):
 #   make test-gpu-2 PART=cuda; make test-gpu-2 PART=sd35; make test-gpu-2 PART=qwen_flux; make test-gpu-2 PART=flux2
+# Phase 1 and PART=cuda can share one call (6:50 for both on a freshly started H200, phase 1 started first):
+#   make test-gpu-1 > p1.log 2>&1 & make test-gpu-2 PART=cuda; wait
 # Together the parts are every GPU test (tests/test_gpu_parts.py fails on a GPU test that no part selects). Phase 2
 # prints each test's output (peak memory, log-prob gaps) and every phase of a test that took over 5 s.
 GPU_WORKERS ?= 8
