@@ -33,11 +33,12 @@ test-slow: $(VENV)/.installed
 #   make test-gpu-2 PART=cuda; make test-gpu-2 PART=sd35; make test-gpu-2 PART=qwen_flux; make test-gpu-2 PART=flux2
 # Phase 1 and PART=cuda can share one call (6:50 for both on a freshly started H200, phase 1 started first):
 #   make test-gpu-1 > p1.log 2>&1 & make test-gpu-2 PART=cuda; wait
-# Together the parts are every GPU test (tests/test_gpu_parts.py fails on a GPU test that no part selects). Phase 2
+# Together the parts are every GPU test, each once (tests/test_gpu_parts.py fails on a GPU test that no part or two
+# parts select). Phase 2
 # prints each test's output (peak memory, log-prob gaps) and every phase of a test that took over 5 s.
 GPU_WORKERS ?= 8
 PART_cuda = noise_on_cuda or flash_decode or fused_draw or bf16_head or compiled_step or full_width or test_on_cuda or cuda_graph_replay or attention_reach or validation_draws or wan21 or wan22
-PART_sd35 = sd35 or qwen3_omni or gspo or deterministic or tiny_thinker or (compiled and not compiled_step)
+PART_sd35 = sd35 or qwen3_omni or gspo or deterministic or tiny_thinker or (compiled and not compiled_step and not full_width and not flux)
 PART_qwen_flux = qwen_image or (flux and not flux2)
 PART_flux2 = flux2 or zimage or ltx2
 PART ?=
