@@ -2,6 +2,7 @@
 equivalence with diffusers' own `QwenImagePipeline`."""
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -88,21 +89,26 @@ def test_velocity_matches_the_pipelines_transformer_call(policy, pipeline):
     torch.testing.assert_close(v.detach(), expected.reshape(v.shape), rtol=1e-5, atol=1e-5)
 
 
+def fixed_velocity(policy) -> Callable[[], torch.Tensor]:
+    """The velocity at fixed latents, sigmas and prompts, without grad: to compare the adapter's replacements of
+    diffusers' functions with diffusers' own, installed in turn."""
+    cond = policy.encode_prompts(PROMPTS)
+    torch.manual_seed(0)
+    latents, sigma = torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)), torch.tensor([0.93, 0.41])
+    return torch.no_grad()(lambda: policy.velocity(latents, sigma, cond))
+
+
 def test_the_rotary_embedding_in_real_arithmetic_gives_the_complex_multiplys_bits(policy, monkeypatch):
     """The attention's rotary embedding runs through `qwen_image.real_rotary` (installed in diffusers on import): the
     same velocity, bit for bit, as diffusers' complex multiply."""
     assert transformer_qwenimage.apply_rotary_emb_qwen is qwen_image.real_rotary
-    cond = policy.encode_prompts(PROMPTS)
-    torch.manual_seed(0)
-    latents, sigma = torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)), torch.tensor([0.93, 0.41])
-    with torch.no_grad():
-        real_v = policy.velocity(latents, sigma, cond)
-        monkeypatch.setattr(transformer_qwenimage, "apply_rotary_emb_qwen", qwen_image.complex_rotary)
-        complex_v = policy.velocity(latents, sigma, cond)
+    velocity = fixed_velocity(policy)
+    real_v = velocity()
+    monkeypatch.setattr(transformer_qwenimage, "apply_rotary_emb_qwen", qwen_image.complex_rotary)
+    complex_v = velocity()
     assert torch.equal(real_v, complex_v)
     monkeypatch.setattr(transformer_qwenimage, "apply_rotary_emb_qwen", lambda x, freqs, use_real: x)
-    with torch.no_grad():
-        assert not torch.equal(policy.velocity(latents, sigma, cond), complex_v)  # the rotary reaches the attention
+    assert not torch.equal(velocity(), complex_v)  # the rotary reaches the attention
 
 
 def test_the_text_lengths_without_a_host_copy_are_diffusers_values(policy, monkeypatch):
@@ -118,13 +124,10 @@ def test_the_text_lengths_without_a_host_copy_are_diffusers_values(policy, monke
     assert length == stock_length == 5 and lengths.tolist() == stock_lengths.tolist() == [2, 5, 4]
     assert lengths.dtype == stock_lengths.dtype and torch.equal(bools, stock_bools) and bools.dtype == torch.bool
     assert qwen_image.text_lengths(text, None) == qwen_image.library_text_lengths(text, None)
-    cond = policy.encode_prompts(PROMPTS)
-    torch.manual_seed(0)
-    latents, sigma = torch.randn(2, *policy.latent_shape(HEIGHT, WIDTH)), torch.tensor([0.93, 0.41])
-    with torch.no_grad():
-        ours = policy.velocity(latents, sigma, cond)
-        monkeypatch.setattr(transformer_qwenimage, "compute_text_seq_len_from_mask", qwen_image.library_text_lengths)
-        assert torch.equal(ours, policy.velocity(latents, sigma, cond))
+    velocity = fixed_velocity(policy)
+    ours = velocity()
+    monkeypatch.setattr(transformer_qwenimage, "compute_text_seq_len_from_mask", qwen_image.library_text_lengths)
+    assert torch.equal(ours, velocity())
 
 
 def test_the_vae_runs_an_image_through_2d_convolutions_with_the_3d_ones_sums(policy, monkeypatch):
