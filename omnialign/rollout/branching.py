@@ -100,6 +100,7 @@ def generate_tempflow(
     shape = policy.latent_shape(config.height, config.width)
     steps, per = branch_steps(config), leaves_per_sample(config)
     on_device = to_device(sigmas, device)
+    step_sigmas = to_device(torch.stack([sigmas[steps], sigmas[[k + 1 for k in steps]]], 1), device)  # (S, 2)
     parts, images = [], []
     chunks = range(0, len(prompts), config.micro_batch_size)
     for lo in tqdm(chunks, desc="rollout", leave=False, disable=not progress, dynamic_ncols=True):
@@ -139,7 +140,6 @@ def generate_tempflow(
         on_chunk(decoded, slice(lo * per, lo * per + len(decoded)))
         stacked = {key: torch.stack(value).flatten(0, 1)[order] for key, value in rows.items()}
         trunk_of = torch.arange(m, device=device).repeat_interleave(per)
-        step_sigmas = to_device(torch.stack([sigmas[steps], sigmas[[k + 1 for k in steps]]], 1), device)  # (S, 2)
         step_of = torch.arange(len(steps), device=device).repeat_interleave(config.branches).repeat(m)
         parts.append(
             (
