@@ -144,9 +144,13 @@ def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object,
     device = DeviceType.CUDA if cuda else DeviceType.CPU
     on_device = [e for e in prof.events() if e.device_type == device]
     # each kernel's launching host operator: the kernel's raw event links to the operator's correlation id (the
-    # FunctionEvent of torch < 2.13 does not keep the link), found by (name, start in ns from the trace's start)
+    # FunctionEvent of torch < 2.13 does not keep the link), found by (name, start in ns from the trace's start); only
+    # the waits read it, and only a GPU's timeline has them
     raw = prof.profiler.kineto_results
-    links = {(k.name(), k.start_ns() - raw.trace_start_ns()): k.linked_correlation_id() for k in raw.events()}
+    links = {
+        (k.name(), k.start_ns() - raw.trace_start_ns()): k.linked_correlation_id()
+        for k in (raw.events() if cuda else ())
+    }
     ops = {e.id: e for e in prof.events() if e.device_type == DeviceType.CPU and e.kernels}
     events = [(e.name, e.time_range.start, (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3,
                launchers(ops.get(links.get((e.name, round(e.time_range.start * 1e3))))))
