@@ -5,10 +5,12 @@ that do not move or frozen ones that do, memory over the card. Plus: the same se
 images on the CPU and the GPU.
 """
 
+import contextlib
 import gc
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,17 @@ def assert_stepped(net: torch.nn.Module, before: dict, metrics: dict[str, torch.
     assert peak < CARD_GB
 
 
+@contextlib.contextmanager
+def no_host_sync() -> Iterator[None]:
+    """CUDA's sync debug mode at "error" inside: a copy to the card that waits for its queued work, or a read back,
+    raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_noise_on_cuda_is_the_hosts_draw_bit_for_bit():
     """`per_sample_noise` copies to the card from pinned memory without waiting for the queued work: what lands is
     still each generator's host draw, also when each copy is queued behind a long product and the host draws the
@@ -117,15 +130,12 @@ def test_noise_on_cuda_and_every_sampler_step_without_a_host_sync():
     w = torch.randn(64, 64, device=device) / 8
     cond = TensorDict(scale=torch.ones(batch, device=device), batch_size=[batch])
     sigmas = torch.linspace(1, 0, 7)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         out = sample(lambda x, sigma, c: (x @ w) * c["scale"].view(-1, 1, 1, 1), [torch.Generator().manual_seed(s)
                      for s in range(batch)], shape, sigmas, cond, eta=0.9, starts=torch.tensor([0, 1, 2, 3]),
                      window=2, device=device)  # fmt: skip
         x, x_next = out.latents[:, 0], out.latents[:, 1]  # the update's replay: eta a float, x' given
         replayed = sde.transition("sde", (x @ w), x, out.sigmas[:, 0], out.sigmas[:, 1], 0.9, sample=x_next)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert out.log_probs.shape == (batch, 2) and torch.isfinite(out.log_probs).all()
     torch.testing.assert_close(replayed.log_prob, out.log_probs[:, 0], rtol=0, atol=1e-5)
     assert torch.equal(out.sigmas.cpu(), sigmas[torch.tensor([0, 1, 2, 3])[:, None] + torch.arange(3)])
@@ -147,14 +157,11 @@ def test_transformer_forward_and_backward_without_a_host_sync(arch, tmp_path):
     latents = torch.randn(2, *policy.latent_shape(32, 32), device=device)
     sigma = torch.tensor([0.9, 0.4], device=device)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         with torch.no_grad():
             policy.velocity(latents, sigma, cond)  # the rollout's
         v = policy.velocity(latents, sigma, cond)  # the update's
         v.float().square().mean().backward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert v.shape == latents.shape and torch.isfinite(v).all()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.transformer.parameters())  # it ran
 
