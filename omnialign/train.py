@@ -91,8 +91,8 @@ def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
 
 def check_inputs(config: Config) -> None:
     """ConfigError for a model, teacher, prompt file or pair folder the config names that does not exist (nothing is
-    downloaded: each is a local path), or a prompt file of the online trainer that does not parse, before the run
-    folder is made."""
+    downloaded: each is a local path), a prompt file of the online trainer that does not parse, or a reward (or gold
+    judge) of a trainer that scores that cannot be resolved, before the run folder is made."""
     d = config.data
     if config.algorithm.name == "diffusion_dpo" and not d.pairs:
         raise ConfigError("algorithm.name=diffusion_dpo trains on stored pairs: set data.pairs=DIR (written by "
@@ -112,6 +112,13 @@ def check_inputs(config: Config) -> None:
                 load_prompt_set(prompts)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+    if config.algorithm.name not in ("dpo", "diffusion_dpo"):  # the trainers that score samples
+        try:
+            rewards.resolve(config.reward)
+            if config.reward.gold:
+                rewards.framed(config.reward.gold, config.reward)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def main(config: Config, resume: str | None = None) -> dict:

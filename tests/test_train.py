@@ -286,6 +286,12 @@ def test_a_missing_path_fails_before_the_run_folder_is_made(tmp_path):
     (tmp_path / "bad.jsonl").write_text('"3"\n{"caption": "7"}\n')
     with pytest.raises(SystemExit, match=r"stopped: .*bad.jsonl:2: expected a non-empty prompt string or an object"):
         cli(["train", "glyphs", f"data.prompts={tmp_path / 'bad.jsonl'}", f"trainer.output_dir={tmp_path / 'runs'}"])
+    with pytest.raises(SystemExit, match=r"stopped: reward 'glyph_ocrr' is not a key of omnialign.rewards.REWARDS"):
+        cli(["train", "glyphs", 'reward.weights={"glyph_ocrr": 1}', f"trainer.output_dir={tmp_path / 'runs'}"])
+    with pytest.raises(SystemExit, match=r"stopped: reward 'glyph_gld' is not a key"):  # the gold judge too
+        cli(["train", "glyphs", "reward.gold=glyph_gld", f"trainer.output_dir={tmp_path / 'runs'}"])
+    with pytest.raises(SystemExit, match=r"stopped: reward 'nowhere.py:score': expected path/to/file.py:function"):
+        cli(["train", "glyphs", 'reward.weights={"nowhere.py:score": 1}', f"trainer.output_dir={tmp_path / 'runs'}"])
     assert not (tmp_path / "runs").exists()
 
 
