@@ -16,6 +16,7 @@ from omnialign.engine import checkpoint, dist, optim
 from omnialign.export import find_checkpoint
 from omnialign.metrics import write_atomic
 from omnialign.models import IMAGE_SIZES, LOADERS, check_image_size
+from omnialign.rewards.client import RewardServerError, Unreachable
 from omnialign.trainer import language, offline
 from omnialign.trainer.build import build_policy
 from omnialign.trainer.objectives import ALGORITHMS
@@ -92,7 +93,8 @@ def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
 def check_inputs(config: Config) -> None:
     """ConfigError for a model, teacher, prompt file or pair folder the config names that does not exist (nothing is
     downloaded: each is a local path), a prompt file of the online trainer that does not parse, or a reward (or gold
-    judge) of a trainer that scores that cannot be resolved, before the run folder is made."""
+    judge) of a trainer that scores that cannot be resolved, or a required reward server that does not answer (after
+    the reward's retries), before the run folder is made."""
     d = config.data
     if config.algorithm.name == "diffusion_dpo" and not d.pairs:
         raise ConfigError("algorithm.name=diffusion_dpo trains on stored pairs: set data.pairs=DIR (written by "
@@ -119,6 +121,17 @@ def check_inputs(config: Config) -> None:
                 rewards.framed(config.reward.gold, config.reward)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        for name, url in config.reward.remote.items():  # a required reward's server answers before the model loads
+            if name in config.reward.optional:
+                continue
+            try:
+                rewards.lookup(name, config.reward.options.get(name), config.reward.remote).health(wait=True)
+            except Unreachable as e:
+                raise ConfigError(f"reward.remote[{name!r}]={url!r}: {e}. Start the server (omnialign serve-reward "
+                                  "NAME --port PORT), correct the URL, or list the reward in reward.optional to "
+                                  "score 0 while it is down") from None  # fmt: skip
+            except RewardServerError:
+                pass  # it answers: a 4xx from a server of one's own without /health
 
 
 def main(config: Config, resume: str | None = None) -> dict:

@@ -1,10 +1,14 @@
 """End to end on the shipped glyphs model: outputs, the porting check, resume, crash safety."""
 
 import dataclasses
+import functools
+import http.server
 import json
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,7 @@ from omnialign.engine.optim import NonFiniteUpdate
 from omnialign.metrics import read_metrics, without_timing
 from omnialign.recipes import RECIPES
 from omnialign.rollout.diffusion import generate
-from omnialign.train import main
+from omnialign.train import check_inputs, main
 from omnialign.trainer import actor, objectives
 from omnialign.worlds.glyphs import glyph_gold
 from omnialign.worlds.glyphs import model as glyphs
@@ -320,6 +324,28 @@ def test_training_with_the_reward_behind_serve_reward_matches_in_process(tmp_pat
         step = 0 if key.startswith("val") else 1
         assert abs(remote[step][key] - local[step][key]) < 2e-3, key
     assert "timing/reward_wait" in remote[1]
+
+
+def test_an_unreachable_reward_server_stops_the_run_before_its_folder_is_made(tmp_path):
+    """A required remote reward's server is asked for /health (with the reward's retries) before the model loads: a
+    closed port stops the run naming the reward and the fix; a server without /health (404) is let through, and an
+    optional reward is not asked."""
+    with socket.socket() as s:  # a loopback port that nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    remote = [f'reward.remote={{"glyph_ocr": "{closed}"}}', f"trainer.output_dir={tmp_path / 'runs'}"]
+    with pytest.raises(SystemExit, match=r"stopped: reward.remote\['glyph_ocr'\]=.*no answer after 2 attempts.*"
+                                         r"Connection refused.*omnialign serve-reward.*reward.optional"):  # fmt: skip
+        cli(["train", "glyphs", *remote, 'reward.options={"glyph_ocr": {"retries": 1}}'])
+    assert not (tmp_path / "runs").exists()
+    config = validate(apply_overrides(RECIPES["glyphs"](), [*remote, 'reward.optional=["glyph_ocr"]']))
+    check_inputs(config)  # optional: scored 0 while its server is down, so not asked
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))  # 404 on /health
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        check_inputs(validate(apply_overrides(RECIPES["glyphs"](), [f'reward.remote={{"glyph_ocr": "{url}"}}'])))
+        server.shutdown()
 
 
 def test_activation_checkpointing_and_cpu_offload_train_the_same(tmp_path):

@@ -45,6 +45,10 @@ class RewardServerError(RuntimeError):
     """An endpoint refused a request (4xx) or stayed unreachable after the retries."""
 
 
+class Unreachable(RewardServerError):
+    """No answer after the retries: refused, timed out, 429 or 5xx every time."""
+
+
 def _server_message(response: httpx2.Response, body: bytes) -> str:
     try:
         return str(json.loads(body)["error"])
@@ -119,7 +123,7 @@ def post_json(
         if attempt < retries:
             delay = min(max_backoff, backoff * 2**attempt) * random.uniform(0.5, 1.5)
             time.sleep(max(delay, min(retry_after, max_backoff)))
-    raise RewardServerError(
+    raise Unreachable(
         f"{url}: no answer after {retries + 1} attempts in {time.monotonic() - start:.1f}s; last error: {error}"
     )
 
@@ -223,6 +227,8 @@ class RemoteReward:
         check_reply(reply, hi - lo, f"{self.url}/score")
         return reply
 
-    def health(self) -> dict:
-        """The server's /health reply (status, reward, queue, counters); one quick attempt."""
-        return post_json(f"{self.url}/health", None, self.token, timeout=10.0, retries=0)
+    def health(self, wait: bool = False) -> dict:
+        """The server's /health reply (status, reward, queue, counters): one quick attempt, or with `wait` as many as
+        a /score request gets, each within 10 s (the trainer's check before it loads the model)."""
+        retry = {**self.retry, "timeout": 10.0} if wait else {"timeout": 10.0, "retries": 0}
+        return post_json(f"{self.url}/health", None, self.token, **retry)
