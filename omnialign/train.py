@@ -92,8 +92,8 @@ def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
 
 def check_inputs(config: Config) -> None:
     """ConfigError for a model, teacher, prompt file or pair folder the config names that does not exist (nothing is
-    downloaded: each is a local path), a prompt file of the online trainer that does not parse, or a reward (or gold
-    judge) of a trainer that scores that cannot be resolved, or a required reward server that does not answer (after
+    downloaded: each is a local path), a prompt file of the online trainer that does not parse, a reward or gold judge
+    that cannot be resolved (for the trainers that score), or a required reward's server that does not answer (after
     the reward's retries), before the run folder is made."""
     d = config.data
     if config.algorithm.name == "diffusion_dpo" and not d.pairs:
@@ -131,7 +131,7 @@ def check_inputs(config: Config) -> None:
                                   "NAME --port PORT), correct the URL, or list the reward in reward.optional to "
                                   "score 0 while it is down") from None  # fmt: skip
             except RewardServerError:
-                pass  # it answers: a 4xx from a server of one's own without /health
+                pass  # it answers: a 4xx or 5xx from a server of one's own without /health
 
 
 def main(config: Config, resume: str | None = None) -> dict:

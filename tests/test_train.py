@@ -328,8 +328,8 @@ def test_training_with_the_reward_behind_serve_reward_matches_in_process(tmp_pat
 
 def test_an_unreachable_reward_server_stops_the_run_before_its_folder_is_made(tmp_path):
     """A required remote reward's server is asked for /health (with the reward's retries) before the model loads: a
-    closed port stops the run naming the reward and the fix; a server without /health (404) is let through, and an
-    optional reward is not asked."""
+    closed port stops the run naming the reward and the fix; a server without /health (404, or 501 from one that
+    serves only POST) is let through, and an optional reward is not asked."""
     with socket.socket() as s:  # a loopback port that nothing listens on once closed
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -340,12 +340,14 @@ def test_an_unreachable_reward_server_stops_the_run_before_its_folder_is_made(tm
     assert not (tmp_path / "runs").exists()
     config = validate(apply_overrides(RECIPES["glyphs"](), [*remote, 'reward.optional=["glyph_ocr"]']))
     check_inputs(config)  # optional: scored 0 while its server is down, so not asked
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))  # 404 on /health
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        check_inputs(validate(apply_overrides(RECIPES["glyphs"](), [f'reward.remote={{"glyph_ocr": "{url}"}}'])))
-        server.shutdown()
+    not_found = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))  # 404 on /health
+    for handler in (not_found, http.server.BaseHTTPRequestHandler):  # the second serves no GET: 501, retried
+        with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            overrides = [f'reward.remote={{"glyph_ocr": "{url}"}}', 'reward.options={"glyph_ocr": {"retries": 1}}']
+            check_inputs(validate(apply_overrides(RECIPES["glyphs"](), overrides)))
+            server.shutdown()
 
 
 def test_activation_checkpointing_and_cpu_offload_train_the_same(tmp_path):

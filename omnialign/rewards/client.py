@@ -46,7 +46,8 @@ class RewardServerError(RuntimeError):
 
 
 class Unreachable(RewardServerError):
-    """No answer after the retries: refused, timed out, 429 or 5xx every time."""
+    """No HTTP reply after the retries: the last attempt was refused, reset or timed out. (A server whose last reply
+    was a 429 or 5xx is there: `post_json` raises a plain RewardServerError.)"""
 
 
 def _server_message(response: httpx2.Response, body: bytes) -> str:
@@ -96,7 +97,7 @@ def post_json(
         headers["Authorization"] = f"Bearer {token}"
     start, error = time.monotonic(), ""
     for attempt in range(retries + 1):
-        retry_after = 0.0
+        retry_after, answered = 0.0, False
         try:
             response, reply = _request("GET" if data is None else "POST", url, data, headers, timeout, max_reply)
         except httpx2.TimeoutException as e:  # connecting, one read or the whole reply past `timeout`
@@ -115,7 +116,7 @@ def post_json(
             message = _server_message(response, reply)
             if response.status_code != 429 and response.status_code < 500:
                 raise RewardServerError(f"{url}: HTTP {response.status_code}: {message}")
-            error = f"HTTP {response.status_code}: {message}"
+            error, answered = f"HTTP {response.status_code}: {message}", True
             try:
                 retry_after = float(response.headers.get("Retry-After", 0))
             except ValueError:
@@ -123,7 +124,7 @@ def post_json(
         if attempt < retries:
             delay = min(max_backoff, backoff * 2**attempt) * random.uniform(0.5, 1.5)
             time.sleep(max(delay, min(retry_after, max_backoff)))
-    raise Unreachable(
+    raise (RewardServerError if answered else Unreachable)(
         f"{url}: no answer after {retries + 1} attempts in {time.monotonic() - start:.1f}s; last error: {error}"
     )
 
