@@ -156,6 +156,8 @@ def test_transformer_forward_and_backward_without_a_host_sync(arch, tmp_path):
     cond = policy.encode_prompts(["a red cat", 'a sign that says "OPEN"'], sources)
     latents = torch.randn(2, *policy.latent_shape(32, 32), device=device)
     sigma = torch.tensor([0.9, 0.4], device=device)
+    with torch.no_grad():
+        policy.velocity(latents, sigma, cond)  # a first forward caches diffusers' RoPE tables on the card, once
     torch.cuda.synchronize()
     with no_host_sync():
         with torch.no_grad():
