@@ -28,8 +28,9 @@ test-slow: $(VENV)/.installed
 # the CPU suite with its tiny models on the GPU (GPU_WORKERS pytest-xdist processes share the card), then every
 # released architecture at full size with random weights, one test at a time.
 # Each phase is a target of its own (test-gpu-1, test-gpu-2), for machines that limit a command's time; phase 2
-# takes K, a pytest -k expression, or PART, one of four named parts (on one H100: cuda 5:00, sd35 7:35, qwen_flux
-# 3:40, flux2 1:53 with its two H200-sized tests skipped; each under 4 minutes on one H200):
+# takes K, a pytest -k expression, or PART, one of four named parts (on one H100: cuda 5:00-6:13, sd35 6:53-7:35,
+# qwen_flux 5:02, flux2 1:54 with its two H200-sized tests skipped; on one H200 cuda
+# 5:52 with cold compile caches, qwen_flux 4:28, flux2 3:02):
 #   make test-gpu-2 PART=cuda; make test-gpu-2 PART=sd35; make test-gpu-2 PART=qwen_flux; make test-gpu-2 PART=flux2
 # Phase 1 and PART=cuda can share one call (6:50 for both on a freshly started H200, phase 1 started first):
 #   make test-gpu-1 > p1.log 2>&1 & make test-gpu-2 PART=cuda; wait
