@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from omnialign.bench.profile import by_phase, gaps, kind, launchers, profiled, summarise, waits
+from omnialign.bench.profile import activities, by_phase, gaps, kind, launchers, profiled, summarise, waits
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -79,12 +79,9 @@ def test_gaps_are_the_device_waits_between_kernels_and_waits_sum_them_by_the_nex
 
 def test_launchers_name_the_host_operators_around_a_launch_outermost_first():
     x = torch.randn(8)
-    # with CUDA's activity where there is a GPU, as `profiled` does: a CPU-only profile leaves a process's later
-    # profiles without kernels (pytorch/pytorch#197005; on an H200 the next test failed after this one, not alone)
-    activities = [torch.profiler.ProfilerActivity.CPU] + [
-        torch.profiler.ProfilerActivity.CUDA
-    ] * torch.cuda.is_available()
-    with torch.profiler.profile(activities=activities) as prof:
+    # `profiled`'s activities: a CPU-only profile leaves a process's later profiles without kernels
+    # (pytorch/pytorch#197005; on an H200 the next test failed after this one, not alone)
+    with torch.profiler.profile(activities=activities()) as prof:
         with torch.profiler.record_function("phase/update"):
             x.to(torch.float64)
     copy = next(e for e in prof.events() if e.name == "aten::copy_")

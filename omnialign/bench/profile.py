@@ -124,14 +124,18 @@ def launchers(op: FunctionEvent | None, depth: int = 3) -> str:
     return " > ".join(names[::-1][:depth]) or "?"
 
 
+def activities() -> list[ProfilerActivity]:
+    """What every profile in a process records: the CPU's, and CUDA's wherever there is a GPU, also for a step on its
+    CPU: once a process has profiled without CUDA's activity, its later profiles see no kernels
+    (pytorch/pytorch#197005)."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+
 def profiled(step: Callable[[], object], out: Path, cuda: bool) -> tuple[object, dict]:
     """Run `step()` under the profiler; write `out`/trace.json.gz and `out`/kernels.json (see the module docstring)
     and return (what the step returned, that summary). `cuda`: the step runs on the GPU, so its CUDA kernels are
     counted; otherwise its CPU operators (a tiny model on the CPU of a GPU machine launches no kernels)."""
-    # CUDA's activity wherever there is a GPU, also for a step on its CPU: once a process has profiled without it,
-    # its later profiles see no kernels (pytorch/pytorch#197005)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities()) as prof:
         start = time.perf_counter()
         result = step()
         if cuda:
