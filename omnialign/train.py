@@ -17,6 +17,7 @@ from omnialign.export import find_checkpoint
 from omnialign.metrics import write_atomic
 from omnialign.models import IMAGE_SIZES, LOADERS, check_image_size
 from omnialign.rewards.client import RewardServerError, Unreachable
+from omnialign.rewards.vlm import served_model
 from omnialign.trainer import language, offline
 from omnialign.trainer.build import build_policy
 from omnialign.trainer.objectives import ALGORITHMS
@@ -93,8 +94,8 @@ def prepare_run_dir(run_dir: Path, config: Config, fresh: bool) -> None:
 def check_inputs(config: Config) -> None:
     """ConfigError for a model, teacher, prompt file or pair folder the config names that does not exist (nothing is
     downloaded: each is a local path), a prompt file of the online trainer that does not parse, a reward or gold judge
-    that cannot be resolved (for the trainers that score), or a required reward's server that does not answer (after
-    the reward's retries), before the run folder is made."""
+    that cannot be resolved (for the trainers that score), or a required reward's server or OpenAI-compatible endpoint
+    that does not answer (after the retries), before the run folder is made."""
     d = config.data
     if config.algorithm.name == "diffusion_dpo" and not d.pairs:
         raise ConfigError("algorithm.name=diffusion_dpo trains on stored pairs: set data.pairs=DIR (written by "
@@ -132,6 +133,19 @@ def check_inputs(config: Config) -> None:
                                   "score 0 while it is down") from None  # fmt: skip
             except RewardServerError:
                 pass  # it answers: a 4xx or 5xx from a server of one's own without /health
+        r = config.reward
+        chat = sorted(
+            n for n in {*r.weights, r.gold} if n in rewards.CHAT_REWARDS and n not in (*r.optional, *r.remote)
+        )
+        for name in chat:  # a required VLM reward's endpoint answers (GET {url}/models) before the model loads
+            options = r.options.get(name, {})
+            try:
+                served_model(options["url"], options.get("api_key"), timeout=10.0)
+            except Unreachable as e:
+                raise ConfigError(f"reward.options[{name!r}]['url']: {e}; or list {name} in reward.optional to "
+                                  "score 0 while it is down") from None  # fmt: skip
+            except RewardServerError:
+                pass  # it answers, if not with a list of models
 
 
 def main(config: Config, resume: str | None = None) -> dict:

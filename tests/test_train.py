@@ -350,6 +350,46 @@ def test_an_unreachable_reward_server_stops_the_run_before_its_folder_is_made(tm
             server.shutdown()
 
 
+class ModelsHandler(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint's model list, as vLLM and SGLang serve it; every request is counted."""
+
+    asked: list[str] = []
+
+    def do_GET(self):
+        ModelsHandler.asked.append(self.path)
+        body = json.dumps({"object": "list", "data": [{"id": "judge", "object": "model"}]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args):
+        pass
+
+
+def test_an_unreachable_vlm_endpoint_stops_the_run_before_its_folder_is_made(tmp_path):
+    """A required VLM reward's OpenAI-compatible endpoint is asked for its models (GET {url}/models, with retries)
+    before the model loads: a closed port stops the run naming the reward's url option, the URL and the fix; a live
+    endpoint passes, and an optional reward is not asked."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    judged = ['reward.weights={"glyph_ocr": 1, "vlm_judge": 0.5}', f"trainer.output_dir={tmp_path / 'runs'}"]
+    with pytest.raises(SystemExit, match=r"stopped: reward.options\['vlm_judge'\]\['url'\]: .*/v1/models: no answer "
+                                         r"after 3 attempts.*Connection refused.*endpoint up at .*/v1\?.*list "
+                                         r"vlm_judge in reward.optional"):  # fmt: skip
+        cli(["train", "glyphs", *judged, f'reward.options={{"vlm_judge": {{"url": "{closed}", "model": "j"}}}}'])
+    assert not (tmp_path / "runs").exists()
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), ModelsHandler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        live = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        for url, extra in ((live, []), (closed, ['reward.optional=["vlm_judge"]'])):
+            options = f'reward.options={{"vlm_judge": {{"url": "{url}", "model": "j"}}}}'
+            check_inputs(validate(apply_overrides(RECIPES["glyphs"](), [*judged, options, *extra])))
+        server.shutdown()
+    assert ModelsHandler.asked == ["/v1/models"]
+
+
 def test_activation_checkpointing_and_cpu_offload_train_the_same(tmp_path):
     main(debug_config(tmp_path / "plain"))
     main(debug_config(tmp_path / "engine", "engine.activation_checkpointing=true", "engine.cpu_offload=true"))

@@ -87,6 +87,11 @@ REWARDS: dict[str, RewardFn] = {
     "vlm_video": vlm_video,
 }
 
+CHAT_REWARDS = ("ocr_vlm", "vlm_judge", "geneval", "pairwise_vlm", "vlm_edit_following", "vlm_edit_preservation",
+                "vlm_video")  # fmt: skip
+"""The rewards of `REWARDS` that ask an OpenAI-compatible endpoint (their `url` option): the trainer checks that
+each required one answers before it loads the model."""
+
 log = logging.getLogger(__name__)
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 

@@ -79,13 +79,14 @@ def chat(
         raise RewardServerError(f"{url}: not a chat completion: {reply!r:.300}") from None
 
 
-def served_model(url: str, api_key: str | None = None) -> str:
-    """The first model an OpenAI-compatible endpoint lists (`GET {url}/models`), for when none is named."""
+def served_model(url: str, api_key: str | None = None, timeout: float = 30.0) -> str:
+    """The first model an OpenAI-compatible endpoint lists (`GET {url}/models`), for when none is named; `Unreachable`
+    when nothing answered (two retries, each attempt within `timeout` s)."""
     try:
-        listing = post_json(url.rstrip("/") + "/models", None, api_key or os.environ.get("OPENAI_API_KEY"), 30.0, 2)
-    except RewardServerError as e:
-        raise RewardServerError(f"{e}: is the OpenAI-compatible endpoint up at {url}? Start it, or correct its URL "
-                                "(--judge-url, or the reward's url option)") from None  # fmt: skip
+        listing = post_json(url.rstrip("/") + "/models", None, api_key or os.environ.get("OPENAI_API_KEY"), timeout, 2)
+    except RewardServerError as e:  # Unreachable stays Unreachable
+        raise type(e)(f"{e}: is the OpenAI-compatible endpoint up at {url}? Start it, or correct its URL "
+                      "(--judge-url, or the reward's url option)") from None  # fmt: skip
     try:
         return listing["data"][0]["id"]
     except (KeyError, IndexError, TypeError):
