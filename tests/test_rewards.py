@@ -1,5 +1,6 @@
 """Reward functions and their combination, against real components: Tesseract, math-verify, files."""
 
+import inspect
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from omnialign import rewards
 from omnialign.config import RewardConfig, apply_overrides
 from omnialign.recipes import RECIPES
-from omnialign.rewards import RewardError, RewardWorker, Scores, resolve, score
+from omnialign.rewards import CHAT_REWARDS, REWARDS, RewardError, RewardWorker, Scores, resolve, score
 from omnialign.rewards.answers import choice, choice_letter, math_answer, options_of
 from omnialign.rewards.jpeg import jpeg_compressibility, jpeg_incompressibility
 from omnialign.rewards.ocr import ocr, ocr_similarity, ocr_targets
@@ -256,3 +257,10 @@ def test_worker_scores_chunks_in_the_background_in_order():
     with RewardWorker(RewardConfig(weights={f"{FNS}:broken": 1.0})) as worker:
         with pytest.raises(RewardError, match="the judge is down"):
             worker.submit(images[:2], texts[:2], [{}, {}]).result(timeout=30)
+
+
+def test_the_chat_rewards_are_those_with_an_endpoint_url():
+    """`CHAT_REWARDS` (whose endpoints the trainer asks before the model loads) names exactly the rewards that take a
+    `url`: a new VLM reward missing from it would go unchecked until its first scoring."""
+    with_url = {name for name, fn in REWARDS.items() if "url" in inspect.signature(fn).parameters}
+    assert set(CHAT_REWARDS) == with_url and len(with_url) == 7
