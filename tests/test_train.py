@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from http_stub import JSONHandler, serving
 from tensordict import TensorDict
 
 from omnialign.batch import Trajectory
@@ -350,21 +351,14 @@ def test_an_unreachable_reward_server_stops_the_run_before_its_folder_is_made(tm
             server.shutdown()
 
 
-class ModelsHandler(http.server.BaseHTTPRequestHandler):
+class ModelsHandler(JSONHandler):
     """An OpenAI-compatible endpoint's model list, as vLLM and SGLang serve it; every request is counted."""
 
     asked: list[str] = []
 
     def do_GET(self):
         ModelsHandler.asked.append(self.path)
-        body = json.dumps({"object": "list", "data": [{"id": "judge", "object": "model"}]}).encode()
-        self.send_response(200 if self.path == "/v1/models" else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args):
-        pass
+        self.answer(200 if self.path == "/v1/models" else 404, {"object": "list", "data": [{"id": "judge"}]})
 
 
 def test_an_unreachable_vlm_endpoint_stops_the_run_before_its_folder_is_made(tmp_path):
@@ -380,13 +374,11 @@ def test_an_unreachable_vlm_endpoint_stops_the_run_before_its_folder_is_made(tmp
                                          r"vlm_judge in reward.optional"):  # fmt: skip
         cli(["train", "glyphs", *judged, f'reward.options={{"vlm_judge": {{"url": "{closed}", "model": "j"}}}}'])
     assert not (tmp_path / "runs").exists()
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), ModelsHandler) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    with serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), ModelsHandler)) as server:
         live = f"http://127.0.0.1:{server.server_address[1]}/v1"
         for url, extra in ((live, []), (closed, ['reward.optional=["vlm_judge"]'])):
             options = f'reward.options={{"vlm_judge": {{"url": "{url}", "model": "j"}}}}'
             check_inputs(validate(apply_overrides(RECIPES["glyphs"](), [*judged, options, *extra])))
-        server.shutdown()
     assert ModelsHandler.asked == ["/v1/models"]
 
 
