@@ -115,25 +115,25 @@ def check_inputs(config: Config) -> None:
                 load_prompt_set(prompts)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+    r = config.reward
     if config.algorithm.name not in ("dpo", "diffusion_dpo"):  # the trainers that score samples
         try:
-            rewards.resolve(config.reward)
-            if config.reward.gold:
-                rewards.framed(config.reward.gold, config.reward)
+            rewards.resolve(r)
+            if r.gold:
+                rewards.framed(r.gold, r)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        for name, url in config.reward.remote.items():  # a required reward's server answers before the model loads
-            if name in config.reward.optional:
+        for name, url in r.remote.items():  # a required reward's server answers before the model loads
+            if name in r.optional:
                 continue
             try:
-                rewards.lookup(name, config.reward.options.get(name), config.reward.remote).health(wait=True)
+                rewards.lookup(name, r.options.get(name), r.remote).health(wait=True)
             except Unreachable as e:
                 raise ConfigError(f"reward.remote[{name!r}]={url!r}: {e}. Start the server (omnialign serve-reward "
                                   "NAME --port PORT), correct the URL, or list the reward in reward.optional to "
                                   "score 0 while it is down") from None  # fmt: skip
             except RewardServerError:
                 pass  # it answers: a 4xx or 5xx from a server of one's own without /health
-        r = config.reward
         chat = sorted(
             n for n in {*r.weights, r.gold} if n in rewards.CHAT_REWARDS and n not in (*r.optional, *r.remote)
         )
