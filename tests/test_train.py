@@ -8,7 +8,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -343,12 +342,10 @@ def test_an_unreachable_reward_server_stops_the_run_before_its_folder_is_made(tm
     check_inputs(config)  # optional: scored 0 while its server is down, so not asked
     not_found = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))  # 404 on /health
     for handler in (not_found, http.server.BaseHTTPRequestHandler):  # the second serves no GET: 501, retried
-        with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+        with serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)) as server:
             url = f"http://127.0.0.1:{server.server_address[1]}"
             overrides = [f'reward.remote={{"glyph_ocr": "{url}"}}', 'reward.options={"glyph_ocr": {"retries": 1}}']
             check_inputs(validate(apply_overrides(RECIPES["glyphs"](), overrides)))
-            server.shutdown()
 
 
 class ModelsHandler(JSONHandler):
