@@ -140,7 +140,7 @@ class RolloutConfig:
     whatever it says. FLUX.1 compiled in fp8 on an H200: samples clipped at clip range 1e-5 0.047-0.063 -> 0, warm step
     2.814 -> 2.637 images/GPU/s, the same peak memory (BENCHMARKS.md). Keep rollout.micro_batch_size equal to
     actor.micro_batch_size: Qwen-Image in fp8 on an H100 with the update at 8 beside the rollout at 16 clipped 0-14% of
-    its samples, and none with both at 8."""
+    its samples, and none with both at 8 (one run; docs/engine.md)."""
     branches: int = 6
     """TempFlow-GRPO: SDE branches drawn from the trunk's state at each branch step, each finished by the ODE
     (the reference's 6)."""
